@@ -1,0 +1,41 @@
+"""trl_env: token-exact multi-turn RL of language models against text environments, for TRL's GRPOTrainer."""
+
+from trl_env.backends import FinishReason, Generation, GenerationRequest, Generator, TransformersGenerator
+from trl_env.env import Action, Delta, Env, Language, Seed
+from trl_env.errors import ConfigError, EnvError, ProcessorError, ServerError, TrlEnvError
+from trl_env.processor import Processor, split_reasoning
+from trl_env.processors import ChatMLProcessor, get_processor
+from trl_env.rollout import Budgets, Ending, Rollout, Turn, batch_rollout
+from trl_env.trl import env_reward, make_rollout_func, to_trl
+
+__version__ = "0.2.0"
+
+__all__ = [
+    "Action",
+    "Budgets",
+    "ChatMLProcessor",
+    "ConfigError",
+    "Delta",
+    "Ending",
+    "Env",
+    "EnvError",
+    "FinishReason",
+    "Generation",
+    "GenerationRequest",
+    "Generator",
+    "Language",
+    "Processor",
+    "ProcessorError",
+    "Rollout",
+    "Seed",
+    "ServerError",
+    "TransformersGenerator",
+    "TrlEnvError",
+    "Turn",
+    "batch_rollout",
+    "env_reward",
+    "get_processor",
+    "make_rollout_func",
+    "split_reasoning",
+    "to_trl",
+]

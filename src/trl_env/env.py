@@ -1,0 +1,100 @@
+"""The seed's text environment protocol, and the checks the engine applies to what an Env returns.
+
+An Env is anything with ``reward``, ``alive``, ``reset(seed)`` and ``step(action)``; subclassing
+``Env`` is optional. See README.md for a complete example.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol, TypeAlias, runtime_checkable
+
+from trl_env.errors import EnvError
+
+Action: TypeAlias = str
+Delta: TypeAlias = str
+Seed: TypeAlias = str
+Language: TypeAlias = str
+
+
+@runtime_checkable
+class Env(Protocol):
+    """A text environment, exactly as the seed defines it.
+
+    ``reset(seed)`` starts an episode and returns the env to use from then on (usually ``self``)
+    and the first observation text. ``step(action)`` applies the model's action and returns the
+    env and the observation text for the next turn. After each call, ``reward`` is the episode's
+    reward so far (the engine reports the value after the last step as the episode reward) and
+    ``alive`` says whether the episode goes on.
+
+    Example::
+
+        class Countdown(Env):
+            def __init__(self) -> None:
+                self.reward, self.alive, self.left = 0.0, True, 0
+
+            def reset(self, seed: Seed) -> tuple[Env, Delta]:
+                self.left = int(seed)
+                return self, f"Say 'tick' {self.left} times, one per turn."
+
+            def step(self, action: Action) -> tuple[Env, Delta]:
+                self.reward += 1.0 if action.strip() == "tick" else 0.0
+                self.left -= 1
+                self.alive = self.left > 0
+                return self, f"{self.left} to go."
+    """
+
+    reward: float
+    alive: bool
+
+    def reset(self, seed: Seed) -> tuple[Env, Delta]:
+        """Start an episode from ``seed``; return the env and the first observation."""
+        ...
+
+    def step(self, action: Action) -> tuple[Env, Delta]:
+        """Apply ``action``; return the env and the next observation."""
+        ...
+
+
+def check_result(result: object, env: object, *, method: str, env_index: int, turn: int) -> tuple[Env, Delta]:
+    """Validate what ``env.reset``/``env.step`` returned and the env's ``reward``/``alive`` after it.
+
+    Raises:
+        EnvError: naming the class, the method, the value received and the fix.
+    """
+    name = f"{type(env).__name__}.{method}"
+
+    def fail(problem: str, fix: str) -> EnvError:
+        return EnvError(f"{name} {problem}; {fix}.", env_index=env_index, turn=turn, method=method)
+
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise fail(
+            f"returned {_short(result)} ({type(result).__name__})",
+            "it must return a 2-tuple (env, delta_text), e.g. `return self, 'observation'`",
+        )
+    new_env, delta = result
+    if not isinstance(delta, str):
+        raise fail(
+            f"returned a delta of type {type(delta).__name__} ({_short(delta)})",
+            "the second item must be the observation text (str)",
+        )
+    missing = [a for a in ("reward", "alive", "step") if not hasattr(new_env, a)]
+    if missing:
+        raise fail(
+            f"returned an env of type {type(new_env).__name__} without {', '.join(missing)}",
+            "the first item must be the env itself (usually `self`)",
+        )
+    reward, alive = getattr(new_env, "reward"), getattr(new_env, "alive")
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+        raise fail(
+            f"left reward = {_short(reward)} ({type(reward).__name__})",
+            "reward must be a finite float; set `self.reward` to a number",
+        )
+    if not isinstance(alive, bool):
+        raise fail(f"left alive = {_short(alive)} ({type(alive).__name__})", "alive must be a bool")
+    return new_env, delta
+
+
+def _short(value: object, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

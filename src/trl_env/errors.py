@@ -1,0 +1,75 @@
+"""The whole exception hierarchy of trl_env.
+
+Every error carries its context as keyword-only attributes and pickles (``__reduce__``),
+so it survives worker threads and processes::
+
+    TrlEnvError(Exception)                      root; catch-all for callers
+      ConfigError(TrlEnvError, ValueError)      bad arguments or an unsupported install
+      ProcessorError(TrlEnvError, ValueError)   a processor broke its contract
+      EnvError(TrlEnvError, RuntimeError)       a user Env raised or returned the wrong thing
+      ServerError(TrlEnvError, RuntimeError)    a generator backend failed
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class TrlEnvError(Exception):
+    """Root of every error raised by trl_env."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keyword-only context would be lost by the default reduce: rebuild it explicitly.
+        context = {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+        return (_rebuild, (type(self), self.args, context))
+
+
+def _rebuild(cls: type[TrlEnvError], args: tuple[Any, ...], context: dict[str, Any]) -> TrlEnvError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    error.__dict__.update(context)
+    return error
+
+
+class ConfigError(TrlEnvError, ValueError):
+    """A bad argument, a bad combination of options, or an unsupported dependency version."""
+
+
+class ProcessorError(TrlEnvError, ValueError):
+    """A processor is missing a method or returned something the engine cannot use."""
+
+
+class EnvError(TrlEnvError, RuntimeError):
+    """A user Env raised, hung, or returned values of the wrong type.
+
+    Attributes are ``None`` where unknown.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        env_index: int | None = None,
+        turn: int | None = None,
+        method: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.env_index = env_index
+        """Index of the episode in the batch."""
+        self.turn = turn
+        """Turn number (0 = reset)."""
+        self.method = method
+        """The Env method that failed: ``"reset"`` or ``"step"``."""
+
+
+class ServerError(TrlEnvError, RuntimeError):
+    """A generation backend failed or answered with something unusable."""
+
+    def __init__(self, message: str, *, url: str | None = None, status_code: int | None = None, body: str = "") -> None:
+        super().__init__(message)
+        self.url = url
+        """The URL that was called, if any."""
+        self.status_code = status_code
+        """HTTP status, if any."""
+        self.body = body[:2000]
+        """Start of the response body."""

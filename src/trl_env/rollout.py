@@ -1,0 +1,387 @@
+"""The multi-turn rollout engine: ``batch_rollout``, its budgets, and the ``Turn``/``Rollout`` records.
+
+Token bookkeeping (one entry per completion token, all lists aligned): ``completion_ids`` holds the
+model's sampled ids verbatim and the tokenised env text between turns; ``env_mask`` is 1 for a
+sampled id and 0 for an env-inserted one; ``logprobs`` is the sampler's processed logprob for a
+sampled id and 0.0 for an env one. Only text the env adds is tokenised, once, when it arrives.
+Axis suffixes: ``_B`` = episodes in the batch (used only where lists nest).
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from trl_env.backends.base import FinishReason, Generation, GenerationRequest, Generator
+from trl_env.env import Env, Seed, check_result
+from trl_env.errors import ConfigError, EnvError, ProcessorError, ServerError, TrlEnvError
+from trl_env.processor import check_processor, stop_token_ids
+
+
+class Ending(str, Enum):
+    """Why an episode ended; every episode has exactly one."""
+
+    ENV_DONE = "env_done"
+    """The env set ``alive = False`` (terminated)."""
+    MAX_TURNS = "max_turns"
+    """The turn budget ran out (truncated)."""
+    LENGTH = "length"
+    """A token budget or the context limit ran out (truncated)."""
+    ERROR = "error"
+    """The env, the processor or the generator failed for this episode (see ``Rollout.error``)."""
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """Limits no episode ever exceeds; a turn's ``max_tokens`` is capped by what remains of each."""
+
+    max_turns: int = 8
+    """Most model turns per episode."""
+    max_new_tokens: int = 256
+    """Most tokens the model samples in one turn."""
+    max_completion_tokens: int = 1024
+    """Most completion tokens per episode, model and env tokens together (what the trainer holds)."""
+    max_context: int | None = None
+    """Most prompt + completion tokens (the model's context length); ``None`` for no limit."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "max_new_tokens", "max_completion_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name}={value!r}: it must be a positive int.")
+        if self.max_context is not None and (not isinstance(self.max_context, int) or self.max_context < 2):
+            raise ConfigError(f"max_context={self.max_context!r}: it must be an int >= 2, or None for no limit.")
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One model turn and the env's answer to it."""
+
+    text: str
+    """The decoded sampled ids, special tokens included."""
+    reasoning: str
+    """What the processor parsed as reasoning."""
+    action: str | None
+    """The action given to ``env.step``; ``None`` when the turn was not parsed (cut by a length limit)."""
+    delta: str | None
+    """The env's observation after the step; ``None`` without a step."""
+    reward: float | None
+    """``env.reward`` after the step."""
+    finish_reason: FinishReason
+    num_model_tokens: int
+    num_env_tokens: int
+    """Env tokens appended after this turn (0 if the episode ended here)."""
+    generation_s: float
+    env_s: float
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One finished episode, token-exact: ``prompt_ids + completion_ids`` is what the sampler saw."""
+
+    seed: Seed
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    env_mask: list[int]
+    turns: tuple[Turn, ...]
+    reward: float | None
+    """``env.reward`` at the end; ``None`` when the episode failed or the model never acted."""
+    ending: Ending
+    error: str = ""
+    """For ``Ending.ERROR``: the error message and the last lines of its traceback."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """Extra facts, e.g. ``placeholder=True`` when the completion is a single masked stand-in token."""
+
+    @property
+    def terminated(self) -> bool:
+        """The env ended the episode."""
+        return self.ending is Ending.ENV_DONE
+
+    @property
+    def truncated(self) -> bool:
+        """A budget ended the episode."""
+        return self.ending in (Ending.MAX_TURNS, Ending.LENGTH)
+
+
+class _Episode:
+    """Mutable state of one running episode; the engine turns it into a ``Rollout`` at the end."""
+
+    def __init__(self, index: int, seed: Seed) -> None:
+        self.index, self.seed = index, seed
+        self.env: Env | None = None
+        self.prompt_ids: list[int] = []
+        self.completion_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.env_mask: list[int] = []
+        self.turns: list[Turn] = []
+        self.ending: Ending | None = None
+        self.error = ""
+        self.info: dict[str, Any] = {}
+        self.pending: dict[str, Any] = {}  # the turn being built, between generation and env step
+        self.submitted_at = 0.0
+
+    def finish(self, ending: Ending, error: str = "") -> None:
+        assert self.ending is None, "an episode ends once"
+        self.ending, self.error = ending, error
+
+
+def batch_rollout(
+    seeds: Sequence[Seed],
+    env_factory: Callable[[], Env],
+    processor: Any,
+    tokenizer: Any,
+    generator: Generator,
+    *,
+    budgets: Budgets | None = None,
+    parse_truncated_turns: bool = False,
+    strict: bool = False,
+    env_workers: int = 16,
+) -> list[Rollout]:
+    """Run one episode per seed, each with a fresh env from ``env_factory()``, and return them in order.
+
+    Episodes advance independently: a continuous generator gets each turn as soon as its episode
+    is ready, a wave generator gets every waiting episode at once. Env calls run on a pool of
+    ``env_workers`` threads, overlapping generation.
+
+    Args:
+        seeds: one per episode; each is passed to ``env.reset``.
+        env_factory: builds a fresh env; called once per episode.
+        processor: chat formatting (see ``trl_env.Processor``).
+        tokenizer: the model's tokenizer, used only for env text and decoding sampled ids.
+        generator: the sampler (see ``trl_env.backends``).
+        budgets: token and turn limits; defaults to ``Budgets()``.
+        parse_truncated_turns: give a turn cut by ``max_new_tokens`` to the env as an action (its
+            end-of-turn marker is then appended as env text) instead of ending the episode.
+        strict: raise the first env or processor error instead of recording it on its episode.
+        env_workers: threads running ``env_factory``, ``reset`` and ``step``.
+
+    Returns:
+        One ``Rollout`` per seed, in the order of ``seeds``.
+
+    Raises:
+        ConfigError: for a non-callable ``env_factory`` or bad budgets or stop strings.
+        ProcessorError: for a processor missing a method.
+        EnvError: only with ``strict=True``.
+    """
+    if not callable(env_factory):
+        raise ConfigError(
+            f"env_factory={env_factory!r} is not callable; pass the env class or a function that returns a "
+            "fresh env, e.g. `env_factory=MyEnv`, not `MyEnv()`."
+        )
+    check_processor(processor)
+    budgets = budgets or Budgets()
+    stops = stop_token_ids(processor, tokenizer)
+    engine = _Engine(env_factory, processor, tokenizer, generator, budgets, stops, parse_truncated_turns, strict)
+    return engine.run([_Episode(i, str(seed)) for i, seed in enumerate(seeds)], env_workers)
+
+
+@dataclass
+class _Engine:
+    env_factory: Callable[[], Env]
+    processor: Any
+    tokenizer: Any
+    generator: Generator
+    budgets: Budgets
+    stops: tuple[int, ...]
+    parse_truncated_turns: bool
+    strict: bool
+
+    def run(self, episodes: list[_Episode], env_workers: int) -> list[Rollout]:
+        with ThreadPoolExecutor(max_workers=max(1, env_workers), thread_name_prefix="trl-env") as pool:
+            env_calls: dict[Future[Any], _Episode] = {pool.submit(self._reset, ep): ep for ep in episodes}
+            generations: dict[Future[Generation], _Episode] = {}
+            ready: list[_Episode] = []
+            while env_calls or generations or ready:
+                # A wave backend batches every running episode, so it waits for all of them.
+                if ready and (self.generator.continuous or not (env_calls or generations)):
+                    now = time.perf_counter()
+                    requests = []
+                    for ep in ready:
+                        ep.submitted_at = now
+                        requests.append(self._request(ep))
+                    for ep, future in zip(ready, self.generator.submit(requests)):
+                        generations[future] = ep
+                    ready = []
+                done, _ = wait([*env_calls, *generations], return_when=FIRST_COMPLETED)
+                for future in done:
+                    if future in generations:
+                        ep = generations.pop(future)
+                        if self._on_generation(ep, future):
+                            env_calls[pool.submit(self._step, ep)] = ep
+                    else:
+                        ep = env_calls.pop(future)
+                        if self._on_env_result(ep, future):
+                            ready.append(ep)
+        return [self._to_rollout(ep) for ep in episodes]
+
+    # -- worker threads: user code only (env_factory, reset, step, parse) --------------------------
+
+    def _reset(self, ep: _Episode) -> str:
+        env = self.env_factory()
+        result = env.reset(ep.seed)
+        ep.env, delta = check_result(result, env, method="reset", env_index=ep.index, turn=0)
+        return self.processor.init_system_input(delta)
+
+    def _step(self, ep: _Episode) -> str | None:
+        text, started = ep.pending["text"], time.perf_counter()
+        parsed = self.processor.parse_agent_output(text)
+        if not (isinstance(parsed, tuple) and len(parsed) == 2 and all(isinstance(x, str) for x in parsed)):
+            raise ProcessorError(
+                f"{type(self.processor).__name__}.parse_agent_output returned {parsed!r:.80}; it must return "
+                "a tuple (reasoning: str, action: str)."
+            )
+        ep.pending["reasoning"], ep.pending["action"] = parsed
+        assert ep.env is not None
+        result = ep.env.step(parsed[1])
+        ep.env, delta = check_result(result, ep.env, method="step", env_index=ep.index, turn=len(ep.turns) + 1)
+        ep.pending.update(delta=delta, reward=float(ep.env.reward), env_s=time.perf_counter() - started)
+        if not ep.env.alive or len(ep.turns) + 1 >= self.budgets.max_turns:
+            return None
+        closer = "" if ep.pending["finish_reason"] is FinishReason.STOP else self._closer()
+        return closer + self.processor.append_user_input(delta)
+
+    # -- scheduler thread: token bookkeeping -------------------------------------------------------
+
+    def _on_env_result(self, ep: _Episode, future: Future[Any]) -> bool:
+        """Record a reset or step; return True if the episode needs another model turn."""
+        try:
+            text = future.result()
+        except Exception as e:  # noqa: BLE001  # user code: recorded on its episode, or raised in strict mode
+            self._fail(ep, e)
+            return False
+        if not ep.pending:  # the answer to reset (a step always has a pending turn)
+            assert ep.env is not None
+            ep.prompt_ids = self._encode(text)
+            if not ep.env.alive:
+                ep.info["dead_at_reset"] = True
+                ep.finish(Ending.ENV_DONE)
+            elif self._room(ep) < 1:
+                ep.info["prompt_too_long"] = len(ep.prompt_ids)
+                ep.finish(Ending.LENGTH)
+            return ep.ending is None
+        env_ids = self._encode(text) if text is not None else []
+        if text is not None and self._room(ep, extra=len(env_ids)) < 1:
+            ep.info["delta_too_long"] = len(env_ids)  # appending it would overshoot: stop before it
+            env_ids, text = [], None
+            ep.finish(Ending.LENGTH)
+        self._close_turn(ep, env_ids)
+        if text is None and ep.ending is None:
+            assert ep.env is not None
+            ep.finish(Ending.ENV_DONE if not ep.env.alive else Ending.MAX_TURNS)
+        return ep.ending is None
+
+    def _on_generation(self, ep: _Episode, future: Future[Generation]) -> bool:
+        """Append a sampled turn; return True if the env should step on it."""
+        try:
+            generation = future.result()
+            max_tokens = self._room(ep)
+            if not (0 < len(generation.token_ids) == len(generation.logprobs) <= max_tokens):
+                raise ServerError(
+                    f"the generator returned {len(generation.token_ids)} ids and {len(generation.logprobs)} "
+                    f"logprobs for a turn of at most {max_tokens} tokens; expected 1 to {max_tokens} of each."
+                )
+        except Exception as e:  # noqa: BLE001  # a failed request ends only its episode
+            self._fail(ep, e)
+            return False
+        ep.completion_ids += generation.token_ids
+        ep.logprobs += generation.logprobs
+        ep.env_mask += [1] * len(generation.token_ids)
+        text = self.tokenizer.decode(generation.token_ids, skip_special_tokens=False)
+        ep.pending = dict(
+            text=text,
+            finish_reason=generation.finish_reason,
+            num_model_tokens=len(generation.token_ids),
+            generation_s=time.perf_counter() - ep.submitted_at,
+        )
+        if generation.finish_reason is FinishReason.LENGTH and not self.parse_truncated_turns:
+            self._close_turn(ep, [])
+            ep.finish(Ending.LENGTH)
+            return False
+        return True
+
+    def _close_turn(self, ep: _Episode, env_ids: list[int]) -> None:
+        p = ep.pending
+        ep.turns.append(
+            Turn(
+                text=p["text"],
+                reasoning=p.get("reasoning", ""),
+                action=p.get("action"),
+                delta=p.get("delta"),
+                reward=p.get("reward"),
+                finish_reason=p["finish_reason"],
+                num_model_tokens=p["num_model_tokens"],
+                num_env_tokens=len(env_ids),
+                generation_s=p["generation_s"],
+                env_s=p.get("env_s", 0.0),
+            )
+        )
+        ep.completion_ids += env_ids
+        ep.logprobs += [0.0] * len(env_ids)
+        ep.env_mask += [0] * len(env_ids)
+        ep.pending = {}
+
+    def _request(self, ep: _Episode) -> GenerationRequest:
+        return GenerationRequest(ep.prompt_ids + ep.completion_ids, self._room(ep), self.stops)
+
+    def _room(self, ep: _Episode, extra: int = 0) -> int:
+        """Tokens the next model turn may sample once ``extra`` more env tokens are appended."""
+        b = self.budgets
+        used = len(ep.completion_ids) + extra
+        room = min(b.max_new_tokens, b.max_completion_tokens - used)
+        if b.max_context is not None:
+            room = min(room, b.max_context - len(ep.prompt_ids) - used)
+        return room
+
+    def _encode(self, text: str) -> list[int]:
+        # The processor writes special tokens as text; never let the tokenizer add BOS/EOS again.
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _closer(self) -> str:
+        return str(self.tokenizer.decode([self.stops[0]], skip_special_tokens=False))
+
+    def _fail(self, ep: _Episode, error: BaseException) -> None:
+        if self.strict:
+            if isinstance(error, TrlEnvError):
+                raise error
+            raise EnvError(
+                f"episode {ep.index} (seed {ep.seed!r:.60}) failed at turn {len(ep.turns)}: "
+                f"{type(error).__name__}: {error}",
+                env_index=ep.index,
+                turn=len(ep.turns),
+            ) from error
+        tail = "".join(traceback.format_exception(type(error), error, error.__traceback__)[-3:])
+        if ep.pending:  # keep the sampled turn that was being processed
+            self._close_turn(ep, [])
+        ep.finish(Ending.ERROR, f"{type(error).__name__}: {error}\n{tail}")
+
+    def _to_rollout(self, ep: _Episode) -> Rollout:
+        assert ep.ending is not None, "every episode ends"
+        # No reward without a model turn (it would only shift the group's baseline) or after a failure.
+        scored = ep.env is not None and ep.ending is not Ending.ERROR and bool(ep.turns)
+        reward = float(ep.env.reward) if scored else None
+        prompt_ids, completion_ids, logprobs, env_mask = ep.prompt_ids, ep.completion_ids, ep.logprobs, ep.env_mask
+        if not completion_ids:
+            # TRL needs a non-empty completion: one masked stand-in token (the end-of-turn id), flagged.
+            completion_ids, logprobs, env_mask = [self.stops[0]], [0.0], [0]
+            limit = self.budgets.max_context
+            if limit is not None and len(prompt_ids) >= limit:
+                prompt_ids = prompt_ids[-(limit - 1) :]
+            ep.info["placeholder"] = True
+        return Rollout(
+            seed=ep.seed,
+            prompt_ids=prompt_ids,
+            completion_ids=completion_ids,
+            logprobs=logprobs,
+            env_mask=env_mask,
+            turns=tuple(ep.turns),
+            reward=reward,
+            ending=ep.ending,
+            error=ep.error,
+            info=ep.info,
+        )

@@ -1,0 +1,211 @@
+"""TRL glue: ``make_rollout_func`` for ``GRPOTrainer(rollout_func=...)`` and the ``env_reward`` reward function.
+
+Follows the rollout_func contract of TRL 1.16 (``trl/trainer/grpo_trainer.py``, ``_generate``):
+called on every process with this process's prompts, already repeated ``num_generations`` times;
+returns one row per prompt, in order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import statistics
+from collections.abc import Callable, Sequence
+from typing import Any, TypedDict
+
+from packaging.version import Version
+
+from trl_env.backends.base import Generator
+from trl_env.backends.transformers import TransformersGenerator
+from trl_env.env import Env, Seed
+from trl_env.errors import ConfigError
+from trl_env.processor import check_processor
+from trl_env.rollout import Budgets, Ending, Rollout, batch_rollout
+
+MIN_TRL = "1.16.0"
+
+
+class RolloutOutput(TypedDict):
+    """The dict TRL receives: one entry per prompt in every list."""
+
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    logprobs: list[list[float]]
+    env_mask: list[list[int]]
+    """1 = sampled by the model (trained on), 0 = env text or a failed episode (not trained on)."""
+    env_reward: list[float | None]
+    """The env's reward; ``None`` (NaN in TRL: out of the loss and the group statistics) for failed episodes."""
+    env_ending: list[str]
+    env_turns: list[int]
+
+
+def check_trl_version() -> None:
+    """Fail with the installed and required versions if TRL lacks the ``rollout_func(prompts, trainer)`` hook.
+
+    Raises:
+        ConfigError: for a TRL older than ``MIN_TRL`` or without ``rollout_func``.
+    """
+    import trl
+    from trl import GRPOTrainer
+
+    installed = trl.__version__
+    has_hook = "rollout_func" in inspect.signature(GRPOTrainer.__init__).parameters
+    if not has_hook or Version(installed) < Version(MIN_TRL):
+        raise ConfigError(
+            f"trl {installed} is installed, trl_env needs trl>={MIN_TRL} (GRPOTrainer's rollout_func(prompts, "
+            f"trainer) hook{'' if has_hook else ', missing here'}); run `pip install 'trl>={MIN_TRL},<2'`."
+        )
+
+
+def env_reward(completions: list[Any], env_reward: list[float | None], **kwargs: Any) -> list[float | None]:
+    """Reward function returning the env's reward for each completion: ``reward_funcs=env_reward``."""
+    return list(env_reward)
+
+
+def prompt_to_seed(prompt: str | list[dict[str, Any]]) -> Seed:
+    """The env seed for one dataset prompt.
+
+    A string is the seed itself. A conversational prompt (a list of messages) gives the text of
+    its last user message; the rest of the list is ignored (use the processor's system prompt).
+    """
+    if isinstance(prompt, str):
+        return prompt
+    for message in reversed(prompt):
+        if isinstance(message, dict) and message.get("role") == "user":
+            content = message.get("content", "")
+            if isinstance(content, list):  # typed content blocks: keep the text ones
+                return "".join(b.get("text", "") for b in content if isinstance(b, dict))
+            return str(content)
+    raise ConfigError(f"prompt {prompt!r:.120} has no user message; use string prompts as seeds.")
+
+
+def make_rollout_func(
+    env_factory: Callable[[], Env],
+    processor: Any,
+    *,
+    system_prompt: str | None = None,
+    max_turns: int = 8,
+    max_new_tokens: int | None = None,
+    max_completion_tokens: int | None = None,
+    max_context: int | None = None,
+    parse_truncated_turns: bool = False,
+    strict: bool = False,
+    env_workers: int = 16,
+    generator: Generator | Callable[[Any], Generator] | None = None,
+) -> Callable[[list[Any], Any], RolloutOutput]:
+    """Build ``rollout_func(prompts, trainer)`` for ``GRPOTrainer``.
+
+    Each prompt is an env seed; each copy of a prompt (TRL repeats it ``num_generations`` times)
+    gets its own fresh env with the same seed, so a GRPO group shares one problem. Pair it with
+    ``reward_funcs=env_reward``.
+
+    Args:
+        env_factory: builds a fresh env; called once per episode.
+        processor: chat formatting for the model family (e.g. ``ChatMLProcessor()``).
+        system_prompt: replaces the processor's ``system_prompt`` field.
+        max_turns: most model turns per episode.
+        max_new_tokens: most tokens per turn; default: ``max_completion_tokens``.
+        max_completion_tokens: most completion tokens (model + env) per episode; default:
+            the trainer's ``max_completion_length``.
+        max_context: most prompt + completion tokens; default: the model's ``max_position_embeddings``.
+        parse_truncated_turns: see ``batch_rollout``.
+        strict: raise the first env error instead of recording it (for debugging).
+        env_workers: threads running env code.
+        generator: a ``Generator``, or a function ``trainer -> Generator``; default: the trainer's own
+            model in process (``use_vllm=False``).
+
+    Returns:
+        The rollout function; its output is a ``RolloutOutput``.
+
+    Raises:
+        ConfigError, ProcessorError: for bad arguments, at once.
+    """
+    check_trl_version()
+    if not callable(env_factory):
+        raise ConfigError(
+            f"env_factory={env_factory!r} is not callable; pass the env class or a function that returns a "
+            "fresh env, e.g. `env_factory=MyEnv`, not `MyEnv()`."
+        )
+    check_processor(processor)
+    if system_prompt is not None:
+        if not (dataclasses.is_dataclass(processor) and "system_prompt" in {f.name for f in dataclasses.fields(processor)}):
+            raise ConfigError(
+                f"system_prompt was given but {type(processor).__name__} has no `system_prompt` field; set the "
+                "system prompt in your processor's init_system_input instead."
+            )
+        processor = dataclasses.replace(processor, system_prompt=system_prompt)  # type: ignore[type-var]  # checked above
+    Budgets(max_turns=max_turns)  # validate early; token budgets are checked once the trainer is known
+    generators: dict[int, Generator] = {}
+
+    def rollout_func(prompts: list[Any], trainer: Any) -> RolloutOutput:
+        gen = generators.get(id(trainer))
+        if gen is None:
+            gen = generators[id(trainer)] = _make_generator(generator, trainer)
+        completion_budget = max_completion_tokens or trainer.args.max_completion_length
+        budgets = Budgets(
+            max_turns=max_turns,
+            max_new_tokens=max_new_tokens or completion_budget,
+            max_completion_tokens=completion_budget,
+            max_context=max_context or getattr(gen, "context_limit", None),
+        )
+        tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
+        rollouts = batch_rollout(
+            [prompt_to_seed(p) for p in prompts],
+            env_factory,
+            processor,
+            tokenizer,
+            gen,
+            budgets=budgets,
+            parse_truncated_turns=parse_truncated_turns,
+            strict=strict,
+            env_workers=env_workers,
+        )
+        _log_metrics(trainer, rollouts)
+        return to_trl(rollouts)
+
+    return rollout_func
+
+
+def to_trl(rollouts: Sequence[Rollout]) -> RolloutOutput:
+    """Convert rollouts to TRL's dict; a failed episode keeps its tokens but is masked out of the loss."""
+    return RolloutOutput(
+        prompt_ids=[r.prompt_ids for r in rollouts],
+        completion_ids=[r.completion_ids for r in rollouts],
+        logprobs=[r.logprobs for r in rollouts],
+        env_mask=[[0] * len(r.env_mask) if r.ending is Ending.ERROR else r.env_mask for r in rollouts],
+        env_reward=[r.reward for r in rollouts],
+        env_ending=[r.ending.value for r in rollouts],
+        env_turns=[len(r.turns) for r in rollouts],
+    )
+
+
+def _make_generator(generator: Generator | Callable[[Any], Generator] | None, trainer: Any) -> Generator:
+    if generator is None:
+        if getattr(trainer.args, "use_vllm", False):
+            raise ConfigError(
+                "use_vllm=True: trl_env's vLLM server backend is not available in this version; train with "
+                "use_vllm=False (in-process generation) or pass generator=... to make_rollout_func."
+            )
+        return TransformersGenerator.from_trainer(trainer)
+    if hasattr(generator, "submit"):
+        return generator  # type: ignore[return-value]  # a Generator instance
+    return generator(trainer)  # type: ignore[operator]  # a factory
+
+
+def _log_metrics(trainer: Any, rollouts: Sequence[Rollout]) -> None:
+    """Add rollout statistics to the trainer's logged metrics (they reach wandb/tensorboard with TRL's own)."""
+    metrics = getattr(trainer, "_metrics", None)
+    if metrics is None or not rollouts:
+        return
+    mode = "train" if trainer.model.training else "eval"
+    turns = [t for r in rollouts for t in r.turns]
+    values = {
+        "env/turns_mean": statistics.fmean(len(r.turns) for r in rollouts),
+        "env/model_tokens_mean": statistics.fmean(sum(r.env_mask) for r in rollouts),
+        "env/generation_s_mean": statistics.fmean(t.generation_s for t in turns) if turns else 0.0,
+        "env/step_s_mean": statistics.fmean(t.env_s for t in turns) if turns else 0.0,
+    }
+    for ending in Ending:
+        values[f"env/ending_{ending.value}_rate"] = sum(r.ending is ending for r in rollouts) / len(rollouts)
+    for key, value in values.items():
+        metrics[mode][key].append(value)

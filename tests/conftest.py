@@ -1,0 +1,24 @@
+"""Shared fixtures: the tiny local model and tokenizer (built in seconds, no hub), and toy envs."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import GuessEnv
+
+from trl_env.testing import build_tiny_model, build_tiny_tokenizer
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return build_tiny_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def model(tokenizer):
+    return build_tiny_model(tokenizer)
+
+
+@pytest.fixture
+def guess_env():
+    GuessEnv.instances.clear()
+    return GuessEnv

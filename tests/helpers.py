@@ -1,0 +1,144 @@
+"""Toy envs, generator stand-ins for the engine seam, and the token-exactness check used across tests."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import defaultdict
+from collections.abc import Sequence
+from concurrent.futures import Future
+
+from trl_env import Generation, GenerationRequest
+from trl_env.backends.base import FinishReason, resolved
+
+
+class GuessEnv:
+    """Guess the number from the seed; 'higher'/'lower' hints; reward 1 when guessed. Counts its instances."""
+
+    instances: list[GuessEnv] = []
+
+    def __init__(self) -> None:
+        self.reward, self.alive, self.target, self.steps, self.seeds = 0.0, True, 0, 0, []
+        GuessEnv.instances.append(self)
+
+    def reset(self, seed):
+        self.seeds.append(seed)
+        self.target = int(seed)
+        return self, f"Guess my number between 0 and 9 (seed {seed})."
+
+    def step(self, action):
+        self.steps += 1
+        digits = [c for c in action if c.isdigit()]
+        guess = int(digits[0]) if digits else -1
+        if guess == self.target:
+            self.reward, self.alive = 1.0, False
+            return self, "Correct!"
+        self.reward -= 0.1
+        return self, "higher" if guess < self.target else "lower"
+
+
+class ScriptedEnv:
+    """An env whose deltas and lifetime come from its JSON seed: {"n": turns, "deltas": [...]}."""
+
+    def __init__(self) -> None:
+        self.reward, self.alive, self.deltas, self.turn, self.n_turns = 0.0, True, ["x"], 0, 0
+
+    def reset(self, seed):
+        spec = json.loads(seed)
+        self.n_turns, self.deltas = spec["n"], spec["deltas"] or ["x"]
+        self.alive = self.n_turns > 0
+        return self, self.deltas[0]
+
+    def step(self, action):
+        self.turn += 1
+        self.reward += len(action) % 3
+        self.alive = self.turn < self.n_turns
+        return self, self.deltas[self.turn % len(self.deltas)]
+
+
+class ScriptedGenerator:
+    """Generator stand-in for engine unit tests: random ids/logprobs, stops at random, records requests.
+
+    ``continuous`` and per-request completion order are configurable to exercise both schedulers.
+    """
+
+    def __init__(self, vocab: Sequence[int], stop_id: int, *, seed: int = 0, p_stop: float = 0.2, continuous=False):
+        self.vocab, self.stop_id, self.rng, self.p_stop = list(vocab), stop_id, random.Random(seed), p_stop
+        self.continuous = continuous
+        self.requests: list[GenerationRequest] = []
+        self.outputs: list[Generation] = []
+
+    def sample(self, request: GenerationRequest) -> Generation:
+        ids = []
+        while len(ids) < request.max_tokens:
+            if self.rng.random() < self.p_stop:
+                ids.append(self.stop_id)
+                break
+            ids.append(self.rng.choice(self.vocab))
+        reason = FinishReason.STOP if ids[-1] == self.stop_id else FinishReason.LENGTH
+        return Generation(ids, [-self.rng.random() * 5 for _ in ids], reason)
+
+    def submit(self, requests: Sequence[GenerationRequest]) -> list[Future[Generation]]:
+        out = []
+        for r in requests:
+            g = self.sample(r)
+            self.requests.append(r)
+            self.outputs.append(g)
+            out.append(resolved(g))
+        return out
+
+
+class SpyGenerator:
+    """Wraps a real generator and records every request and result (for token-exactness checks)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.continuous = inner, inner.continuous
+        self.requests: list[GenerationRequest] = []
+        self.outputs: list[Generation] = []
+        self.waves: list[int] = []
+
+    @property
+    def context_limit(self):
+        return getattr(self.inner, "context_limit", None)
+
+    def submit(self, requests):
+        futures = self.inner.submit(requests)
+        self.waves.append(len(requests))
+        self.requests += requests
+        self.outputs += [f.result() for f in futures]
+        return futures
+
+
+def assert_token_exact(rollouts, requests, outputs) -> int:
+    """Every turn k of every rollout was sampled from exactly prompt_ids + completion_ids[:offset_k].
+
+    Also: the sampled ids and logprobs sit verbatim in the completion with env_mask 1, env text has
+    env_mask 0 and logprob 0.0, and no request was sent that is not a recorded turn. Returns the turn count.
+    """
+    by_prompt = defaultdict(list)
+    for request, output in zip(requests, outputs, strict=True):
+        by_prompt[tuple(request.prompt_ids)].append(output)
+    turns = 0
+    for r in rollouts:
+        assert len(r.completion_ids) == len(r.logprobs) == len(r.env_mask)
+        if r.info.get("placeholder"):
+            assert r.env_mask == [0] and not r.turns
+            continue
+        offset = 0
+        for k, turn in enumerate(r.turns):
+            candidates = by_prompt[tuple(r.prompt_ids + r.completion_ids[:offset])]
+            n = turn.num_model_tokens
+            sampled = (r.completion_ids[offset : offset + n], r.logprobs[offset : offset + n])
+            match = [o for o in candidates if (o.token_ids, o.logprobs) == sampled]
+            assert match, f"turn {k} of seed {r.seed!r}: no request equals prompt_ids + completion_ids[:{offset}]"
+            output = match[0]
+            candidates.remove(output)
+            assert r.env_mask[offset : offset + n] == [1] * n
+            env = slice(offset + n, offset + n + turn.num_env_tokens)
+            assert r.env_mask[env] == [0] * turn.num_env_tokens
+            assert r.logprobs[env] == [0.0] * turn.num_env_tokens
+            offset += n + turn.num_env_tokens
+            turns += 1
+        assert offset == len(r.completion_ids), f"seed {r.seed!r}: completion has tokens no turn accounts for"
+    assert sum(len(v) for v in by_prompt.values()) == 0, "a request was sent that no rollout records"
+    return turns
