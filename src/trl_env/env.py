@@ -84,7 +84,7 @@ def check_result(result: object, env: object, *, method: str, env_index: int, tu
             f"returned an env of type {type(new_env).__name__} without {', '.join(missing)}",
             "the first item must be the env itself (usually `self`)",
         )
-    reward, alive = getattr(new_env, "reward"), getattr(new_env, "alive")
+    reward, alive = new_env.reward, new_env.alive
     if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
         raise fail(
             f"left reward = {_short(reward)} ({type(reward).__name__})",

@@ -15,7 +15,7 @@ from trl_env.errors import ConfigError, ProcessorError
 
 @runtime_checkable
 class Processor(Protocol):
-    """Chat formatting for one model family, exactly as the seed defines it.
+    r"""Chat formatting for one model family, exactly as the seed defines it.
 
     ``init_system_input(prompt)`` renders the opening of a conversation around the env's first
     observation (system block if any, the user turn, the assistant header). ``append_user_input``

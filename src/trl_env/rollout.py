@@ -205,7 +205,7 @@ class _Engine:
                     for ep in ready:
                         ep.submitted_at = now
                         requests.append(self._request(ep))
-                    for ep, future in zip(ready, self.generator.submit(requests)):
+                    for ep, future in zip(ready, self.generator.submit(requests), strict=True):
                         generations[future] = ep
                     ready = []
                 done, _ = wait([*env_calls, *generations], return_when=FIRST_COMPLETED)

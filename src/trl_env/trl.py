@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
+import os
 import statistics
 from collections.abc import Callable, Sequence
 from typing import Any, TypedDict
@@ -92,6 +94,8 @@ def make_rollout_func(
     strict: bool = False,
     env_workers: int = 16,
     generator: Generator | Callable[[Any], Generator] | None = None,
+    transcripts: str | os.PathLike[str] | None = None,
+    transcripts_every: int = 1,
 ) -> Callable[[list[Any], Any], RolloutOutput]:
     """Build ``rollout_func(prompts, trainer)`` for ``GRPOTrainer``.
 
@@ -113,6 +117,8 @@ def make_rollout_func(
         env_workers: threads running env code.
         generator: a ``Generator``, or a function ``trainer -> Generator``; default: the trainer's own
             model in process (``use_vllm=False``).
+        transcripts: a JSONL file to append every episode to (one line per episode, see ``write_transcripts``).
+        transcripts_every: write transcripts at every N-th trainer step only.
 
     Returns:
         The rollout function; its output is a ``RolloutOutput``.
@@ -128,7 +134,8 @@ def make_rollout_func(
         )
     check_processor(processor)
     if system_prompt is not None:
-        if not (dataclasses.is_dataclass(processor) and "system_prompt" in {f.name for f in dataclasses.fields(processor)}):
+        fields = {f.name for f in dataclasses.fields(processor)} if dataclasses.is_dataclass(processor) else set()
+        if "system_prompt" not in fields:
             raise ConfigError(
                 f"system_prompt was given but {type(processor).__name__} has no `system_prompt` field; set the "
                 "system prompt in your processor's init_system_input instead."
@@ -161,6 +168,9 @@ def make_rollout_func(
             env_workers=env_workers,
         )
         _log_metrics(trainer, rollouts)
+        step = int(getattr(getattr(trainer, "state", None), "global_step", 0))
+        if transcripts is not None and step % max(1, transcripts_every) == 0:
+            write_transcripts(transcripts, rollouts, step=step, tokenizer=tokenizer)
         return to_trl(rollouts)
 
     return rollout_func
@@ -177,6 +187,35 @@ def to_trl(rollouts: Sequence[Rollout]) -> RolloutOutput:
         env_ending=[r.ending.value for r in rollouts],
         env_turns=[len(r.turns) for r in rollouts],
     )
+
+
+def write_transcripts(
+    path: str | os.PathLike[str], rollouts: Sequence[Rollout], *, step: int | None = None, tokenizer: Any = None
+) -> None:
+    """Append one JSON line per episode to ``path``.
+
+    A line holds the step, seed, ending, reward, error, info, the turns (text, action, delta, reward)
+    and, when ``tokenizer`` is given, the whole decoded conversation.
+    """
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        for r in rollouts:
+            record = {
+                "step": step,
+                "seed": r.seed,
+                "ending": r.ending.value,
+                "reward": r.reward,
+                "error": r.error,
+                "info": r.info,
+                "turns": [
+                    {k: getattr(t, k) for k in ("text", "reasoning", "action", "delta", "reward", "num_model_tokens")}
+                    | {"finish_reason": t.finish_reason.value}
+                    for t in r.turns
+                ],
+            }
+            if tokenizer is not None:
+                record["conversation"] = tokenizer.decode(r.prompt_ids + r.completion_ids, skip_special_tokens=False)
+            f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
 
 
 def _make_generator(generator: Generator | Callable[[Any], Generator] | None, trainer: Any) -> Generator:

@@ -125,7 +125,8 @@ class TransformersGenerator:
         # processed scores -> logprob of the sampled id at each step: (B, steps)
         scores = torch.stack(out.scores, dim=1).float().cpu()
         logprobs = torch.log_softmax(scores, dim=-1).gather(-1, new_ids.unsqueeze(-1)).squeeze(-1)
-        return [_cut(ids, lps, r.max_tokens, stops) for ids, lps, r in zip(new_ids.tolist(), logprobs.tolist(), requests)]
+        rows = zip(new_ids.tolist(), logprobs.tolist(), requests, strict=True)
+        return [_cut(ids, lps, r.max_tokens, stops) for ids, lps, r in rows]
 
 
 def _cut(ids: list[int], logprobs: list[float], max_tokens: int, stops: tuple[int, ...]) -> Generation:

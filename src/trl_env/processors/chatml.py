@@ -1,4 +1,4 @@
-"""ChatML processor: Qwen2.5, SmolLM2 and other models whose template writes `<|im_start|>role\\n...<|im_end|>\\n`.
+r"""ChatML processor: Qwen2.5, SmolLM2 and other models whose template writes `<|im_start|>role\\n...<|im_end|>\\n`.
 
 Follows the ChatML layout of Qwen2.5's and SmolLM2's chat templates. The model's turn ends at
 `<|im_end|>` (its sampled stop token), so the newline the template writes after it opens the
