@@ -13,8 +13,9 @@ def tokenizer():
     return build_tiny_tokenizer()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def model(tokenizer):
+    """A fresh model per test: training (and accelerate's autocast patch of forward under bf16) mutates it."""
     return build_tiny_model(tokenizer)
 
 

@@ -47,7 +47,7 @@ delta_text = st.text(
 episode_spec = st.tuples(st.integers(0, 6), st.lists(delta_text, min_size=1, max_size=4))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     specs=st.lists(episode_spec, min_size=1, max_size=12),
     max_turns=st.integers(1, 7),

@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         report_to=[],
         save_strategy="no",
         use_cpu=True,
+        bf16=False,  # float32 on CPU: exact logprobs, and bf16 autocast is slow on most CPUs
         seed=args.seed,
         data_seed=args.seed,
     )
