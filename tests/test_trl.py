@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 
 import pytest
 import torch
@@ -103,7 +104,7 @@ def test_rollout_func_returns_one_valid_row_per_prompt_in_order(model, tokenizer
     class Trainer:  # the attributes rollout_func reads; the real trainer is exercised above
         args = grpo_config("unused", max_completion_length=40)
         processing_class = tokenizer
-        _metrics = {"train": __import__("collections").defaultdict(list)}
+        _metrics = defaultdict(lambda: defaultdict(list))  # as in GRPOTrainer
 
     Trainer.model = model
     Trainer.model_wrapped = model
@@ -123,7 +124,7 @@ def test_rollout_func_returns_one_valid_row_per_prompt_in_order(model, tokenizer
     assert out["env_mask"][:3] == [[0]] * 3
     assert len({tuple(p) for p in out["prompt_ids"][3:]}) == 1
     assert env_reward(completions=[None] * n, env_reward=out["env_reward"]) == out["env_reward"]
-    assert Trainer._metrics["train"]["env/ending_env_done_rate"]
+    assert Trainer._metrics["eval"]["env/ending_env_done_rate"] == [0.5]  # the model is in eval mode here
 
 
 def test_failed_episodes_are_masked_out_and_unscored():

@@ -7,6 +7,8 @@ tells the engine where a model turn ends with an optional ``stop_strings`` attri
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from enum import Enum
 from typing import Protocol, runtime_checkable
 
 from trl_env.env import Language
@@ -113,3 +115,81 @@ def split_reasoning(
     if open_tag in text:
         return text.split(open_tag, 1)[1].strip(), ""
     return "", text.strip()
+
+
+class ParseStatus(str, Enum):
+    """How ``parse_output`` read a model turn; the text is returned in every case."""
+
+    OK = "ok"
+    """Reasoning (if any) was closed, and the action markers (if asked for) were found and closed."""
+    CUT_IN_REASONING = "cut_in_reasoning"
+    """The reasoning block never closed (the turn was cut mid-thought): all reasoning, empty action."""
+    NO_ACTION_MARKER = "no_action_marker"
+    """Action markers were asked for but absent: the action is the whole text after the reasoning."""
+    UNCLOSED_ACTION = "unclosed_action"
+    """The last action marker opened but never closed: the action runs to the end of the turn."""
+
+
+@dataclass(frozen=True)
+class ParsedOutput:
+    """One model turn split by ``parse_output``."""
+
+    reasoning: str
+    """The text of the reasoning block, stripped; empty without one."""
+    action: str
+    """What the env receives, stripped."""
+    status: ParseStatus
+
+
+def parse_output(
+    text: str,
+    *,
+    end_markers: tuple[str, ...] = (),
+    reasoning_tags: tuple[str, str] | None = ("<think>", "</think>"),
+    reasoning_open_in_prompt: bool = False,
+    action_tags: tuple[str, str] | None = None,
+) -> ParsedOutput:
+    """Split one model turn into reasoning and action; malformed output is data, never an exception.
+
+    The rules, in order: the text is cut at the first end-of-turn marker in ``end_markers`` (the
+    stop token and EOS strings; what follows is not part of the turn), and every other special
+    token is kept as written. A reasoning block ``reasoning_tags`` becomes the reasoning; a block
+    that never closes is all reasoning with an empty action (half a thought is never an action).
+    With ``reasoning_open_in_prompt`` the prompt already opened the block (DeepSeek-R1's
+    ``<think>``), so the turn is reasoning up to the closing tag. With ``action_tags``, the action is
+    the content of the last such block (to the end of the turn if it never closes), or all the text
+    after the reasoning if the markers are absent.
+
+    Args:
+        text: the decoded turn, special tokens included.
+        end_markers: end-of-turn strings; the first one found ends the turn.
+        reasoning_tags: (open, close) of the reasoning block; ``None`` for a family without one.
+        reasoning_open_in_prompt: the generation prompt ended inside an open reasoning block.
+        action_tags: (open, close) around the action, e.g. ``("<answer>", "</answer>")``; ``None``
+            takes all the text after the reasoning.
+
+    Returns:
+        The reasoning, the action and how parsing went (``ParseStatus``).
+    """
+    cuts = [i for i in (text.find(m) for m in end_markers if m) if i >= 0]
+    if cuts:
+        text = text[: min(cuts)]
+    reasoning, rest = "", text
+    if reasoning_tags is not None:
+        open_tag, close_tag = reasoning_tags
+        head, closed, tail = text.rpartition(close_tag)
+        if closed:
+            reasoning, rest = head.replace(open_tag, "", 1), tail
+        elif reasoning_open_in_prompt or open_tag in text:
+            reasoning = text.split(open_tag, 1)[-1] if open_tag in text else text
+            return ParsedOutput(reasoning.strip(), "", ParseStatus.CUT_IN_REASONING)
+    status = ParseStatus.OK
+    if action_tags is not None:
+        open_tag, close_tag = action_tags
+        head, opened, tail = rest.rpartition(open_tag)
+        if not opened:
+            status = ParseStatus.NO_ACTION_MARKER
+        else:
+            inner, closed, _ = tail.partition(close_tag)
+            rest, status = inner, ParseStatus.OK if closed else ParseStatus.UNCLOSED_ACTION
+    return ParsedOutput(reasoning.strip(), rest.strip(), status)

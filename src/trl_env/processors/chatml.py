@@ -1,15 +1,21 @@
 r"""ChatML processor: Qwen2.5, SmolLM2 and other models whose template writes `<|im_start|>role\\n...<|im_end|>\\n`.
 
-Follows the ChatML layout of Qwen2.5's and SmolLM2's chat templates. The model's turn ends at
-`<|im_end|>` (its sampled stop token), so the newline the template writes after it opens the
-text the engine appends for the next user turn.
+Follows the ChatML layout of Qwen2.5's and SmolLM2's chat templates (both write a default system
+prompt when there is none: see ``QWEN2_5_SYSTEM_PROMPT`` and ``SMOLLM2_SYSTEM_PROMPT``, used by the
+registry). The model's turn ends at `<|im_end|>` (its sampled stop token), so the newline the
+template writes after it opens the text the engine appends for the next user turn.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trl_env.processor import split_reasoning
+from trl_env.processor import ParsedOutput, parse_output
+
+QWEN2_5_SYSTEM_PROMPT = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+"""What Qwen2.5-Instruct's template writes when the conversation has no system message."""
+SMOLLM2_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+"""What SmolLM2-Instruct's template writes when the conversation has no system message."""
 
 
 @dataclass(frozen=True)
@@ -20,6 +26,8 @@ class ChatMLProcessor:
     """System message written before the first user turn; ``None`` writes no system block."""
     stop_strings: tuple[str, ...] = ("<|im_end|>",)
     """End-of-turn markers; each must be one token."""
+    action_tags: tuple[str, str] | None = None
+    """Markers around the action, e.g. ``("<answer>", "</answer>")``; ``None``: the text after the reasoning."""
 
     def init_system_input(self, prompt: str) -> str:
         """Render the system block (if any), the first user turn and the assistant header."""
@@ -30,6 +38,17 @@ class ChatMLProcessor:
         """Close the model's turn (it stopped at `<|im_end|>`), then a user turn and the assistant header."""
         return f"\n<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
 
+    def parse(self, completion: str) -> ParsedOutput:
+        """Split a turn into reasoning (in `<think>...</think>`), action and a ``ParseStatus``."""
+        return parse_output(
+            completion, end_markers=(*self.stop_strings, "<|endoftext|>"), action_tags=self.action_tags
+        )
+
     def parse_agent_output(self, completion: str) -> tuple[str, str]:
-        """Split a turn into (reasoning in `<think>...</think>`, the rest), without the end marker."""
-        return split_reasoning(completion, strip=self.stop_strings)
+        """Split a turn into (reasoning, action), without the end marker."""
+        parsed = self.parse(completion)
+        return parsed.reasoning, parsed.action
+
+    def render_agent_output(self, reasoning: str, action: str) -> str:
+        """The text of a model turn with this reasoning and action (the inverse of ``parse``)."""
+        return f"<think>\n{reasoning}\n</think>\n\n{action}" if reasoning else action
