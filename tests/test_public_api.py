@@ -5,7 +5,7 @@ def test_public_api_is_pinned():
     assert sorted(trl_env.__all__) == sorted([
         "Action", "Budgets", "ChatMLProcessor", "ConfigError", "Delta", "Ending", "Env", "EnvError", "FinishReason",
         "Generation", "GenerationRequest", "Generator", "Language", "Processor", "ProcessorError", "Rollout", "Seed",
-        "ServerError", "TransformersGenerator", "TrlEnvError", "Turn", "batch_rollout", "env_reward",
+        "ServerError", "TransformersGenerator", "TrlEnvError", "Turn", "VLLMServerGenerator", "batch_rollout", "env_reward",
         "get_processor", "make_rollout_func", "split_reasoning", "to_trl",
     ])
     for name in trl_env.__all__:

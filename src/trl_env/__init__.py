@@ -1,6 +1,13 @@
 """trl_env: token-exact multi-turn RL of language models against text environments, for TRL's GRPOTrainer."""
 
-from trl_env.backends import FinishReason, Generation, GenerationRequest, Generator, TransformersGenerator
+from trl_env.backends import (
+    FinishReason,
+    Generation,
+    GenerationRequest,
+    Generator,
+    TransformersGenerator,
+    VLLMServerGenerator,
+)
 from trl_env.env import Action, Delta, Env, Language, Seed
 from trl_env.errors import ConfigError, EnvError, ProcessorError, ServerError, TrlEnvError
 from trl_env.processor import Processor, split_reasoning
@@ -32,6 +39,7 @@ __all__ = [
     "TransformersGenerator",
     "TrlEnvError",
     "Turn",
+    "VLLMServerGenerator",
     "batch_rollout",
     "env_reward",
     "get_processor",

@@ -19,6 +19,7 @@ from packaging.version import Version
 
 from trl_env.backends.base import Generator
 from trl_env.backends.transformers import TransformersGenerator
+from trl_env.backends.vllm_server import VLLMServerGenerator
 from trl_env.env import Env, Seed
 from trl_env.errors import ConfigError
 from trl_env.processor import check_processor
@@ -94,6 +95,7 @@ def make_rollout_func(
     strict: bool = False,
     env_workers: int = 16,
     generator: Generator | Callable[[Any], Generator] | None = None,
+    base_url: str | Sequence[str] | None = None,
     transcripts: str | os.PathLike[str] | None = None,
     transcripts_every: int = 1,
 ) -> Callable[[list[Any], Any], RolloutOutput]:
@@ -116,7 +118,8 @@ def make_rollout_func(
         strict: raise the first env error instead of recording it (for debugging).
         env_workers: threads running env code.
         generator: a ``Generator``, or a function ``trainer -> Generator``; default: the trainer's own
-            model in process (``use_vllm=False``).
+            model in process with ``use_vllm=False``, a vLLM server client with ``vllm_mode="server"``.
+        base_url: vLLM server URL(s), overriding ``trainer.args`` (several = data-parallel servers).
         transcripts: a JSONL file to append every episode to (one line per episode, see ``write_transcripts``).
         transcripts_every: write transcripts at every N-th trainer step only.
 
@@ -147,7 +150,7 @@ def make_rollout_func(
     def rollout_func(prompts: list[Any], trainer: Any) -> RolloutOutput:
         gen = generators.get(id(trainer))
         if gen is None:
-            gen = generators[id(trainer)] = _make_generator(generator, trainer)
+            gen = generators[id(trainer)] = _make_generator(generator, trainer, base_url)
         completion_budget = max_completion_tokens or trainer.args.max_completion_length
         budgets = Budgets(
             max_turns=max_turns,
@@ -218,14 +221,19 @@ def write_transcripts(
             f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
 
 
-def _make_generator(generator: Generator | Callable[[Any], Generator] | None, trainer: Any) -> Generator:
+def _make_generator(
+    generator: Generator | Callable[[Any], Generator] | None, trainer: Any, base_url: str | Sequence[str] | None
+) -> Generator:
     if generator is None:
-        if getattr(trainer.args, "use_vllm", False):
-            raise ConfigError(
-                "use_vllm=True: trl_env's vLLM server backend is not available in this version; train with "
-                "use_vllm=False (in-process generation) or pass generator=... to make_rollout_func."
-            )
-        return TransformersGenerator.from_trainer(trainer)
+        args = trainer.args
+        if not getattr(args, "use_vllm", False):
+            return TransformersGenerator.from_trainer(trainer)
+        if args.vllm_mode == "server":
+            return VLLMServerGenerator.from_trainer(trainer, base_url=base_url)
+        raise ConfigError(
+            f"use_vllm=True with vllm_mode={args.vllm_mode!r}: trl_env drives a vLLM server; set "
+            "vllm_mode='server' (start it with `trl vllm-serve --model MODEL`), or use_vllm=False."
+        )
     if hasattr(generator, "submit"):
         return generator  # type: ignore[return-value]  # a Generator instance
     return generator(trainer)  # type: ignore[operator]  # a factory

@@ -2,5 +2,13 @@
 
 from trl_env.backends.base import FinishReason, Generation, GenerationRequest, Generator
 from trl_env.backends.transformers import TransformersGenerator
+from trl_env.backends.vllm_server import VLLMServerGenerator
 
-__all__ = ["FinishReason", "Generation", "GenerationRequest", "Generator", "TransformersGenerator"]
+__all__ = [
+    "FinishReason",
+    "Generation",
+    "GenerationRequest",
+    "Generator",
+    "TransformersGenerator",
+    "VLLMServerGenerator",
+]

@@ -1,0 +1,259 @@
+"""Generation against vLLM's OpenAI-compatible server (``vllm serve`` / ``trl vllm-serve``), one request per turn.
+
+Each turn is a ``POST /v1/completions`` with the token ids as ``prompt`` and ``return_token_ids``;
+the returned ``token_ids`` and ``logprobs.token_logprobs`` are used verbatim. Requests run on a
+pool of ``max_in_flight`` threads over one pooled HTTP session, so episodes advance independently
+and the server batches them (continuous batching). Several base URLs are data-parallel servers:
+each request goes to the one with the fewest requests in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import requests
+
+from trl_env.backends.base import FinishReason, Generation, GenerationRequest
+from trl_env.errors import ConfigError, ServerError
+
+logger = logging.getLogger(__name__)
+
+PostFn = Callable[..., Any]
+"""``post(url, json=..., timeout=...) -> response`` with ``.status_code``, ``.text``, ``.json()`` (requests' shape)."""
+
+
+class VLLMServerGenerator:
+    """Samples each turn with its own HTTP request to one or more vLLM servers (``continuous = True``)."""
+
+    continuous = True
+
+    def __init__(
+        self,
+        base_url: str | Sequence[str],
+        *,
+        model: str | None = None,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
+        max_in_flight: int = 256,
+        timeout: float = 300.0,
+        connect_timeout: float = 5.0,
+        retries: int = 4,
+        backoff: float = 0.5,
+        extra_body: dict[str, Any] | None = None,
+        post: PostFn | None = None,
+        get: PostFn | None = None,
+    ) -> None:
+        """Connect to the server(s) and check they answer.
+
+        Args:
+            base_url: one URL (``http://127.0.0.1:8000``) or several data-parallel servers.
+            model: the served model name; default: the first of ``GET /v1/models``.
+            temperature: sampling settings, as in GRPOConfig.
+            top_p: nucleus sampling; 1.0 disables it.
+            top_k: 0 disables it.
+            min_p: 0.0 disables it.
+            repetition_penalty: 1.0 disables it.
+            max_in_flight: most requests in flight at once (threads of the request pool).
+            timeout: seconds one request may take (connect and read) before it is retried.
+            connect_timeout: seconds to wait for a server to answer at start.
+            retries: attempts after the first, on connection errors, timeouts and 5xx answers.
+            backoff: base of the exponential backoff between attempts, in seconds (with jitter).
+            extra_body: more fields for every completion request (e.g. ``{"seed": 0}``).
+            post: replaces ``requests.Session.post`` (a seam for unit tests).
+            get: replaces ``requests.Session.get`` (a seam for unit tests).
+
+        Raises:
+            ConfigError: for bad settings, or when no server answers within ``connect_timeout``.
+        """
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        if not urls:
+            raise ConfigError("base_url is empty; pass a URL such as 'http://127.0.0.1:8000'.")
+        if max_in_flight < 1 or retries < 0 or timeout <= 0:
+            raise ConfigError(
+                f"max_in_flight={max_in_flight}, retries={retries}, timeout={timeout}: need max_in_flight >= 1, "
+                "retries >= 0 and timeout > 0."
+            )
+        self.urls = [u.rstrip("/") for u in urls]
+        self.sampling = dict(
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k or -1,
+            min_p=min_p or 0.0,
+            repetition_penalty=repetition_penalty,
+        )
+        self.timeout, self.retries, self.backoff = timeout, retries, backoff
+        self.extra_body = dict(extra_body or {})
+        session = requests.Session()
+        adapter = requests.adapters.HTTPAdapter(pool_connections=len(self.urls), pool_maxsize=max_in_flight)
+        session.mount("http://", adapter)
+        session.mount("https://", adapter)
+        self._post = post or session.post
+        self._get = get or session.get
+        self._pool = ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="trl-env-http")
+        self._lock = threading.Lock()
+        self._in_flight = dict.fromkeys(self.urls, 0)
+        self.served_model = model or self._discover_model(connect_timeout)
+        self.model = self.served_model
+        """The ``model`` field of requests: the served model, or a LoRA adapter's name once one is loaded."""
+        self._check_logprobs_mode(connect_timeout)
+
+    @classmethod
+    def from_trainer(
+        cls, trainer: Any, *, base_url: str | Sequence[str] | None = None, **options: Any
+    ) -> VLLMServerGenerator:
+        """Use the server named in ``trainer.args`` (``vllm_server_base_url``, or host and port) and its sampling."""
+        args = trainer.args
+        if base_url is None:
+            base_url = getattr(args, "vllm_server_base_url", None) or (
+                f"http://{args.vllm_server_host}:{args.vllm_server_port}"
+            )
+        options.setdefault("temperature", args.temperature)
+        options.setdefault("top_p", args.top_p)
+        options.setdefault("top_k", args.top_k or 0)
+        options.setdefault("min_p", args.min_p or 0.0)
+        options.setdefault("repetition_penalty", args.repetition_penalty)
+        return cls(base_url, **options)
+
+    def submit(self, requests: Sequence[GenerationRequest]) -> list[Future[Generation]]:
+        """Send each request on its own; each future resolves when its answer arrives."""
+        return [self._pool.submit(self._complete, r) for r in requests]
+
+    def close(self) -> None:
+        """Stop the request threads (pending requests are abandoned)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- one request ----------------------------------------------------------------------------
+
+    def _complete(self, request: GenerationRequest) -> Generation:
+        body = {
+            "model": self.model,
+            "prompt": request.prompt_ids,
+            "max_tokens": request.max_tokens,
+            "stop_token_ids": list(request.stop_token_ids),
+            "logprobs": 0,
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+            **self.sampling,
+            **self.extra_body,
+        }
+        url = self._acquire()
+        try:
+            data = self._post_json(f"{url}/v1/completions", body)
+        finally:
+            with self._lock:
+                self._in_flight[url] -= 1
+        return parse_completion(data, url=url, max_tokens=request.max_tokens)
+
+    def _acquire(self) -> str:
+        with self._lock:
+            url = min(self.urls, key=lambda u: self._in_flight[u])  # least loaded
+            self._in_flight[url] += 1
+        return url
+
+    def _post_json(self, url: str, body: dict[str, Any]) -> Any:
+        """POST with retries on connection errors, timeouts and 5xx; other answers fail at once."""
+        last: str = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(self.backoff * 2 ** (attempt - 1) * (0.5 + random.random()))  # noqa: S311  # jitter
+            try:
+                response = self._post(url, json=body, timeout=self.timeout)
+            except (requests.ConnectionError, requests.Timeout) as e:
+                last = f"{type(e).__name__}: {e}"
+                continue
+            if response.status_code >= 500:
+                last = f"HTTP {response.status_code}: {response.text[:300]}"
+                continue
+            if response.status_code != 200:
+                raise ServerError(
+                    f"{url} answered HTTP {response.status_code}: {response.text[:500]}",
+                    url=url,
+                    status_code=response.status_code,
+                    body=response.text,
+                )
+            try:
+                return response.json()
+            except ValueError as e:
+                raise ServerError(f"{url} answered with invalid JSON: {response.text[:300]!r}", url=url) from e
+        raise ServerError(
+            f"{url} failed {self.retries + 1} times; last: {last}. Is the vLLM server running and reachable?",
+            url=url,
+        )
+
+    # -- start-up checks --------------------------------------------------------------------------
+
+    def _discover_model(self, connect_timeout: float) -> str:
+        url = self.urls[0]
+        try:
+            response = self._get(f"{url}/v1/models", timeout=connect_timeout)
+            return str(response.json()["data"][0]["id"])
+        except (requests.ConnectionError, requests.Timeout) as e:
+            raise ConfigError(
+                f"no vLLM server answers at {url} ({type(e).__name__}). Start one, e.g. `trl vllm-serve --model "
+                f"MODEL` or `vllm serve MODEL --logprobs-mode processed_logprobs`, or fix the URL (GRPOConfig "
+                "vllm_server_base_url, or base_url=)."
+            ) from e
+        except (KeyError, IndexError, ValueError, TypeError) as e:
+            raise ConfigError(f"{url}/v1/models did not list a model; is this a vLLM server?") from e
+
+    def _check_logprobs_mode(self, connect_timeout: float) -> None:
+        try:
+            response = self._get(f"{self.urls[0]}/server_info", timeout=connect_timeout)
+            mode = _find_key(response.json(), "logprobs_mode") if response.status_code == 200 else None
+        except Exception:  # noqa: BLE001  # /server_info is optional (dev mode only)
+            return
+        if mode is not None and "processed" not in str(mode):
+            logger.warning(
+                "The vLLM server at %s reports logprobs_mode=%s: its logprobs ignore temperature and other "
+                "sampling processors, which biases TRL's importance-sampling correction. Restart it with "
+                "`--logprobs-mode processed_logprobs` (what `trl vllm-serve` sets).",
+                self.urls[0],
+                mode,
+            )
+
+
+def parse_completion(data: Any, *, url: str, max_tokens: int) -> Generation:
+    """Read one ``/v1/completions`` answer; anything missing or inconsistent is a ``ServerError``, not data."""
+    try:
+        choice = data["choices"][0]
+        token_ids = [int(t) for t in choice["token_ids"]]
+        logprobs = [math.nan if x is None else float(x) for x in choice["logprobs"]["token_logprobs"]]
+        finish = FinishReason(choice["finish_reason"])
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        raise ServerError(
+            f"{url} returned a completion without usable token_ids / logprobs.token_logprobs / finish_reason "
+            f"({type(e).__name__}: {e}); trl_env needs vLLM with `return_token_ids` (>= 0.10). Body: {str(data)[:300]}",
+            url=url,
+            body=str(data),
+        ) from e
+    if not 0 < len(token_ids) == len(logprobs) <= max_tokens:
+        raise ServerError(
+            f"{url} returned {len(token_ids)} token ids and {len(logprobs)} logprobs for max_tokens={max_tokens}.",
+            url=url,
+            body=str(data),
+        )
+    return Generation(token_ids, logprobs, finish)
+
+
+def _find_key(tree: Any, key: str) -> Any:
+    """First value of ``key`` anywhere in a nested JSON object."""
+    if isinstance(tree, dict):
+        if key in tree:
+            return tree[key]
+        tree = list(tree.values())
+    if isinstance(tree, list):
+        for item in tree:
+            found = _find_key(item, key)
+            if found is not None:
+                return found
+    return None
