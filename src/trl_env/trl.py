@@ -96,6 +96,7 @@ def make_rollout_func(
     env_workers: int = 16,
     generator: Generator | Callable[[Any], Generator] | None = None,
     base_url: str | Sequence[str] | None = None,
+    lora_sync: str | os.PathLike[str] | None = None,
     transcripts: str | os.PathLike[str] | None = None,
     transcripts_every: int = 1,
 ) -> Callable[[list[Any], Any], RolloutOutput]:
@@ -119,7 +120,11 @@ def make_rollout_func(
         env_workers: threads running env code.
         generator: a ``Generator``, or a function ``trainer -> Generator``; default: the trainer's own
             model in process with ``use_vllm=False``, a vLLM server client with ``vllm_mode="server"``.
-        base_url: vLLM server URL(s), overriding ``trainer.args`` (several = data-parallel servers).
+        base_url: vLLM server URL(s), overriding ``trainer.args`` (several = data-parallel servers); with
+            ``use_vllm=False`` it still selects the server backend (TRL then does no weight sync of its own).
+        lora_sync: a directory; when the trainer's step changes, save its PEFT adapter there and serve it
+            from the vLLM server(s) (see ``VLLMServerGenerator.sync_lora``). For CPU servers and servers
+            that share only a filesystem with the trainer.
         transcripts: a JSONL file to append every episode to (one line per episode, see ``write_transcripts``).
         transcripts_every: write transcripts at every N-th trainer step only.
 
@@ -151,6 +156,10 @@ def make_rollout_func(
         gen = generators.get(id(trainer))
         if gen is None:
             gen = generators[id(trainer)] = _make_generator(generator, trainer, base_url)
+        if lora_sync is not None:
+            if not hasattr(gen, "sync_lora"):
+                raise ConfigError(f"lora_sync needs a vLLM server generator, got {type(gen).__name__}; pass base_url=.")
+            gen.sync_lora(trainer, str(lora_sync))
         completion_budget = max_completion_tokens or trainer.args.max_completion_length
         budgets = Budgets(
             max_turns=max_turns,
@@ -226,6 +235,8 @@ def _make_generator(
 ) -> Generator:
     if generator is None:
         args = trainer.args
+        if base_url is not None:
+            return VLLMServerGenerator.from_trainer(trainer, base_url=base_url)
         if not getattr(args, "use_vllm", False):
             return TransformersGenerator.from_trainer(trainer)
         if args.vllm_mode == "server":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
 import threading
 import time
@@ -105,6 +106,7 @@ class VLLMServerGenerator:
         self.served_model = model or self._discover_model(connect_timeout)
         self.model = self.served_model
         """The ``model`` field of requests: the served model, or a LoRA adapter's name once one is loaded."""
+        self._lora_step: int | None = None
         self._check_logprobs_mode(connect_timeout)
 
     @classmethod
@@ -161,7 +163,14 @@ class VLLMServerGenerator:
         return url
 
     def _post_json(self, url: str, body: dict[str, Any]) -> Any:
-        """POST with retries on connection errors, timeouts and 5xx; other answers fail at once."""
+        response = self._post_ok(url, body)
+        try:
+            return response.json()
+        except ValueError as e:
+            raise ServerError(f"{url} answered with invalid JSON: {response.text[:300]!r}", url=url) from e
+
+    def _post_ok(self, url: str, body: dict[str, Any]) -> Any:
+        """POST with retries on connection errors, timeouts and 5xx; other non-200 answers fail at once."""
         last: str = ""
         for attempt in range(self.retries + 1):
             if attempt:
@@ -181,14 +190,42 @@ class VLLMServerGenerator:
                     status_code=response.status_code,
                     body=response.text,
                 )
-            try:
-                return response.json()
-            except ValueError as e:
-                raise ServerError(f"{url} answered with invalid JSON: {response.text[:300]!r}", url=url) from e
+            return response
         raise ServerError(
             f"{url} failed {self.retries + 1} times; last: {last}. Is the vLLM server running and reachable?",
             url=url,
         )
+
+    # -- policy sync through LoRA adapters (no NCCL, no CUDA) -------------------------------------
+
+    def sync_lora(self, trainer: Any, adapter_dir: str) -> None:
+        """Serve the trainer's current PEFT adapter if the global step changed since the last sync.
+
+        The main process saves the adapter to ``adapter_dir/step-N``, loads it into every server
+        (``POST /v1/load_lora_adapter``; the server needs ``--enable-lora`` and
+        ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``) and unloads the previous one; then every request
+        names the adapter as its ``model``. Every rank calls this (a barrier keeps them together).
+        """
+        step = int(trainer.state.global_step)
+        if step == self._lora_step:
+            return
+        accelerator = trainer.accelerator
+        name = f"trl-env-step-{step}"
+        if accelerator.is_main_process:
+            model = accelerator.unwrap_model(trainer.model)
+            if not hasattr(model, "peft_config"):
+                raise ConfigError(
+                    f"lora_sync needs a PEFT model, got {type(model).__name__}; pass peft_config=LoraConfig(...) "
+                    "to GRPOTrainer."
+                )
+            path = os.path.abspath(os.path.join(adapter_dir, name))
+            model.save_pretrained(path)
+            for url in self.urls:
+                self._post_ok(f"{url}/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+                if self.model != self.served_model:
+                    self._post_ok(f"{url}/v1/unload_lora_adapter", {"lora_name": self.model})
+        accelerator.wait_for_everyone()
+        self.model, self._lora_step = name, step
 
     # -- start-up checks --------------------------------------------------------------------------
 
