@@ -7,6 +7,7 @@ returns one row per prompt, in order.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import json
@@ -19,6 +20,7 @@ from packaging.version import Version
 
 from trl_env.backends.base import Generator
 from trl_env.backends.transformers import TransformersGenerator
+from trl_env.backends.vllm_colocate import VLLMColocateGenerator
 from trl_env.backends.vllm_server import VLLMServerGenerator
 from trl_env.env import Env, Seed
 from trl_env.errors import ConfigError
@@ -168,17 +170,18 @@ def make_rollout_func(
             max_context=max_context or getattr(gen, "context_limit", None),
         )
         tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
-        rollouts = batch_rollout(
-            [prompt_to_seed(p) for p in prompts],
-            env_factory,
-            processor,
-            tokenizer,
-            gen,
-            budgets=budgets,
-            parse_truncated_turns=parse_truncated_turns,
-            strict=strict,
-            env_workers=env_workers,
-        )
+        with getattr(gen, "session", contextlib.nullcontext)():  # e.g. wake a sleeping colocated vLLM
+            rollouts = batch_rollout(
+                [prompt_to_seed(p) for p in prompts],
+                env_factory,
+                processor,
+                tokenizer,
+                gen,
+                budgets=budgets,
+                parse_truncated_turns=parse_truncated_turns,
+                strict=strict,
+                env_workers=env_workers,
+            )
         _log_metrics(trainer, rollouts)
         step = int(getattr(getattr(trainer, "state", None), "global_step", 0))
         if transcripts is not None and step % max(1, transcripts_every) == 0:
@@ -241,10 +244,9 @@ def _make_generator(
             return TransformersGenerator.from_trainer(trainer)
         if args.vllm_mode == "server":
             return VLLMServerGenerator.from_trainer(trainer, base_url=base_url)
-        raise ConfigError(
-            f"use_vllm=True with vllm_mode={args.vllm_mode!r}: trl_env drives a vLLM server; set "
-            "vllm_mode='server' (start it with `trl vllm-serve --model MODEL`), or use_vllm=False."
-        )
+        if args.vllm_mode == "colocate":
+            return VLLMColocateGenerator.from_trainer(trainer)
+        raise ConfigError(f"vllm_mode={args.vllm_mode!r}: expected 'server' or 'colocate'.")
     if hasattr(generator, "submit"):
         return generator  # type: ignore[return-value]  # a Generator instance
     return generator(trainer)  # type: ignore[operator]  # a factory
