@@ -12,6 +12,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL = "smollm2"
@@ -141,3 +142,23 @@ def resolve_model(name_or_path: str) -> str:
     if name_or_path == DEFAULT_MODEL:
         return prepare_smollm2()
     return name_or_path
+
+
+def load_model_and_tokenizer(name_or_path: str, model_cls: Any, tokenizer_cls: Any) -> tuple[Any, Any]:
+    """Load a model and its tokenizer: ``"smollm2"``, ``"tiny"`` (random, for smoke runs), a path or a hub id.
+
+    Args:
+        name_or_path: what to load.
+        model_cls: e.g. ``AutoModelForCausalLM``.
+        tokenizer_cls: e.g. ``AutoTokenizer``.
+
+    Returns:
+        ``(model, tokenizer)``, the model in float32.
+    """
+    if name_or_path == "tiny":
+        from trl_env.testing import build_tiny_model, build_tiny_tokenizer
+
+        tokenizer = build_tiny_tokenizer()
+        return build_tiny_model(tokenizer), tokenizer
+    path = resolve_model(name_or_path)
+    return model_cls.from_pretrained(path, dtype="float32"), tokenizer_cls.from_pretrained(path)
