@@ -268,3 +268,47 @@ def test_continuous_backend_lets_fast_episodes_finish_while_a_slow_one_generates
     fast_turns_before = sum(1 for kind, t in generator.log if kind == "fast" and t < slow_done)
     assert fast_turns_before == 8  # both fast episodes ran all 4 turns while the slow turn was in flight
     assert [len(r.turns) for r in rollouts] == [1, 4, 4]
+
+
+class Hanging:
+    """Hangs forever in reset or step (per seed) unless released."""
+
+    release = threading.Event()
+
+    def __init__(self) -> None:
+        self.reward, self.alive = 0.0, True
+
+    def reset(self, seed):
+        self.seed = seed
+        if seed == "hang-reset":
+            Hanging.release.wait()
+        return self, "go"
+
+    def step(self, action):
+        if self.seed == "hang-step":
+            Hanging.release.wait()
+        self.alive = False
+        return self, "done"
+
+
+def test_hung_envs_are_abandoned_at_their_timeout_and_the_rollout_returns(tokenizer):
+    seeds = ["hang-reset", "ok", "hang-step", "ok"] * 3
+    started = time.perf_counter()
+    rollouts = batch_rollout(seeds, Hanging, ChatMLProcessor(), tokenizer, scripted(tokenizer, p_stop=1.0),
+                             env_workers=2, env_timeout=0.3)
+    assert time.perf_counter() - started < 5  # 6 hung calls on 2 workers: each abandoned, its worker replaced
+    for seed, r in zip(seeds, rollouts):
+        if seed.startswith("hang"):
+            assert r.ending is Ending.ERROR and r.info["error_kind"] == "env_timeout" and r.reward is None
+            assert f"Hanging.{seed.split('-')[1]} did not return within env_timeout=0.3 s" in r.error
+        else:
+            assert r.ending is Ending.ENV_DONE
+    assert len(rollouts[2].turns) == 1  # the sampled turn before the hung step is kept (masked out in TRL)
+    Hanging.release.set()
+
+
+def test_error_kinds_are_recorded(tokenizer):
+    [r] = batch_rollout(["x"], Exploding, ChatMLProcessor(), tokenizer, scripted(tokenizer))
+    assert r.info["error_kind"] == "env_exception"
+    [r] = batch_rollout(["s"], lambda: WrongReset(result="text"), ChatMLProcessor(), tokenizer, scripted(tokenizer))
+    assert r.info["error_kind"] == "env_bad_return"

@@ -7,6 +7,7 @@ so it survives worker threads and processes::
       ConfigError(TrlEnvError, ValueError)      bad arguments or an unsupported install
       ProcessorError(TrlEnvError, ValueError)   a processor broke its contract
       EnvError(TrlEnvError, RuntimeError)       a user Env raised or returned the wrong thing
+        EnvTimeoutError(EnvError)               a user Env call did not return in time
       ServerError(TrlEnvError, RuntimeError)    a generator backend failed
 """
 
@@ -60,6 +61,10 @@ class EnvError(TrlEnvError, RuntimeError):
         """Turn number (0 = reset)."""
         self.method = method
         """The Env method that failed: ``"reset"`` or ``"step"``."""
+
+
+class EnvTimeoutError(EnvError):
+    """A user Env call ran past ``env_timeout``; its episode was abandoned."""
 
 
 class ServerError(TrlEnvError, RuntimeError):

@@ -9,18 +9,20 @@ Axis suffixes: ``_B`` = episodes in the batch (used only where lists nest).
 
 from __future__ import annotations
 
+import math
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 from trl_env.backends.base import FinishReason, Generation, GenerationRequest, Generator
 from trl_env.env import Env, Seed, check_result
-from trl_env.errors import ConfigError, EnvError, ProcessorError, ServerError, TrlEnvError
+from trl_env.errors import ConfigError, EnvError, EnvTimeoutError, ProcessorError, ServerError, TrlEnvError
 from trl_env.processor import check_processor, stop_token_ids
+from trl_env.workers import Workers
 
 
 class Ending(str, Enum):
@@ -131,6 +133,26 @@ class _Episode:
         self.ending, self.error = ending, error
 
 
+def _name(obj: object) -> str:
+    return str(getattr(obj, "__qualname__", type(obj).__name__))
+
+
+ERROR_KINDS = ("env_exception", "env_bad_return", "env_timeout", "processor_error", "server_error")
+
+
+def error_kind(error: BaseException) -> str:
+    """The failure class of an episode error, as counted in the logged metrics."""
+    if isinstance(error, EnvTimeoutError):
+        return "env_timeout"
+    if isinstance(error, EnvError):
+        return "env_bad_return"
+    if isinstance(error, ProcessorError):
+        return "processor_error"
+    if isinstance(error, ServerError):
+        return "server_error"
+    return "env_exception"
+
+
 def batch_rollout(
     seeds: Sequence[Seed],
     env_factory: Callable[[], Env],
@@ -142,6 +164,7 @@ def batch_rollout(
     parse_truncated_turns: bool = False,
     strict: bool = False,
     env_workers: int = 16,
+    env_timeout: float | None = 300.0,
 ) -> list[Rollout]:
     """Run one episode per seed, each with a fresh env from ``env_factory()``, and return them in order.
 
@@ -160,6 +183,8 @@ def batch_rollout(
             end-of-turn marker is then appended as env text) instead of ending the episode.
         strict: raise the first env or processor error instead of recording it on its episode.
         env_workers: threads running ``env_factory``, ``reset`` and ``step``.
+        env_timeout: seconds one env call may run before its episode is abandoned as an error
+            (``EnvTimeoutError``); ``None`` waits forever.
 
     Returns:
         One ``Rollout`` per seed, in the order of ``seeds``.
@@ -177,7 +202,11 @@ def batch_rollout(
     check_processor(processor)
     budgets = budgets or Budgets()
     stops = stop_token_ids(processor, tokenizer)
-    engine = _Engine(env_factory, processor, tokenizer, generator, budgets, stops, parse_truncated_turns, strict)
+    if env_timeout is not None and not env_timeout > 0:
+        raise ConfigError(f"env_timeout={env_timeout!r}: it must be > 0 seconds, or None to wait forever.")
+    engine = _Engine(
+        env_factory, processor, tokenizer, generator, budgets, stops, parse_truncated_turns, strict, env_timeout
+    )
     return engine.run([_Episode(i, str(seed)) for i, seed in enumerate(seeds)], env_workers)
 
 
@@ -191,12 +220,14 @@ class _Engine:
     stops: tuple[int, ...]
     parse_truncated_turns: bool
     strict: bool
+    env_timeout: float | None
 
     def run(self, episodes: list[_Episode], env_workers: int) -> list[Rollout]:
-        with ThreadPoolExecutor(max_workers=max(1, env_workers), thread_name_prefix="trl-env") as pool:
-            env_calls: dict[Future[Any], _Episode] = {pool.submit(self._reset, ep): ep for ep in episodes}
-            generations: dict[Future[Generation], _Episode] = {}
-            ready: list[_Episode] = []
+        workers = Workers(env_workers)
+        env_calls: dict[Future[Any], _Episode] = {workers.submit(self._reset, ep.index, ep.seed): ep for ep in episodes}
+        generations: dict[Future[Generation], _Episode] = {}
+        ready: list[_Episode] = []
+        try:
             while env_calls or generations or ready:
                 # A wave backend batches every running episode, so it waits for all of them.
                 if ready and (self.generator.continuous or not (env_calls or generations)):
@@ -208,55 +239,94 @@ class _Engine:
                     for ep, future in zip(ready, self.generator.submit(requests), strict=True):
                         generations[future] = ep
                     ready = []
-                done, _ = wait([*env_calls, *generations], return_when=FIRST_COMPLETED)
+                done, _ = wait([*env_calls, *generations], timeout=self._poll(workers), return_when=FIRST_COMPLETED)
                 for future in done:
                     if future in generations:
                         ep = generations.pop(future)
                         if self._on_generation(ep, future):
-                            env_calls[pool.submit(self._step, ep)] = ep
+                            call = workers.submit(self._step, ep.index, ep.env, ep.pending, len(ep.turns) + 1)
+                            env_calls[call] = ep
                     else:
                         ep = env_calls.pop(future)
                         if self._on_env_result(ep, future):
                             ready.append(ep)
+                for future in self._overdue(workers, env_calls):
+                    ep = env_calls.pop(future)
+                    workers.abandon(future)
+                    method = "step" if ep.pending else "reset"
+                    owner = type(ep.env).__name__ if ep.env is not None else _name(self.env_factory)
+                    name = f"{owner}.{method}"
+                    self._fail(
+                        ep,
+                        EnvTimeoutError(
+                            f"{name} did not return within env_timeout={self.env_timeout} s; the episode was abandoned "
+                            "(its thread is left behind). Raise env_timeout if the env is just slow.",
+                            env_index=ep.index,
+                            turn=len(ep.turns) + (1 if ep.pending else 0),
+                            method=method,
+                        ),
+                    )
+        finally:
+            workers.close()
         return [self._to_rollout(ep) for ep in episodes]
 
-    # -- worker threads: user code only (env_factory, reset, step, parse) --------------------------
+    def _poll(self, workers: Workers) -> float | None:
+        """How long the scheduler may sleep before an env call can be overdue."""
+        if self.env_timeout is None:
+            return None
+        started = list(workers.started_at.values())
+        if not started:
+            return min(0.1, self.env_timeout)
+        return max(0.0, min(started) + self.env_timeout - time.monotonic()) + 0.001
 
-    def _reset(self, ep: _Episode) -> str:
+    def _overdue(self, workers: Workers, env_calls: dict[Future[Any], _Episode]) -> list[Future[Any]]:
+        if self.env_timeout is None:
+            return []
+        limit = time.monotonic() - self.env_timeout
+        return [f for f in env_calls if not f.done() and workers.started_at.get(f, math.inf) < limit]
+
+    # -- worker threads: user code only; they return values and never touch an episode ------------
+
+    def _reset(self, index: int, seed: Seed) -> tuple[Env, str]:
         env = self.env_factory()
-        result = env.reset(ep.seed)
-        ep.env, delta = check_result(result, env, method="reset", env_index=ep.index, turn=0)
-        return self.processor.init_system_input(delta)
+        result = env.reset(seed)
+        env, delta = check_result(result, env, method="reset", env_index=index, turn=0)
+        return env, self.processor.init_system_input(delta)
 
-    def _step(self, ep: _Episode) -> str | None:
-        text, started = ep.pending["text"], time.perf_counter()
+    def _step(self, index: int, env: Env, pending: dict[str, Any], turn: int) -> dict[str, Any]:
+        started, text, finish_reason = time.perf_counter(), pending["text"], pending["finish_reason"]
         parsed = self.processor.parse_agent_output(text)
         if not (isinstance(parsed, tuple) and len(parsed) == 2 and all(isinstance(x, str) for x in parsed)):
             raise ProcessorError(
                 f"{type(self.processor).__name__}.parse_agent_output returned {parsed!r:.80}; it must return "
                 "a tuple (reasoning: str, action: str)."
             )
-        ep.pending["reasoning"], ep.pending["action"] = parsed
-        assert ep.env is not None
-        result = ep.env.step(parsed[1])
-        ep.env, delta = check_result(result, ep.env, method="step", env_index=ep.index, turn=len(ep.turns) + 1)
-        ep.pending.update(delta=delta, reward=float(ep.env.reward), env_s=time.perf_counter() - started)
-        if not ep.env.alive or len(ep.turns) + 1 >= self.budgets.max_turns:
-            return None
-        closer = "" if ep.pending["finish_reason"] is FinishReason.STOP else self._closer()
-        return closer + self.processor.append_user_input(delta)
+        env, delta = check_result(env.step(parsed[1]), env, method="step", env_index=index, turn=turn)
+        next_text = None
+        if env.alive and turn < self.budgets.max_turns:
+            closer = "" if finish_reason is FinishReason.STOP else self._closer()
+            next_text = closer + self.processor.append_user_input(delta)
+        return dict(
+            env=env,
+            reasoning=parsed[0],
+            action=parsed[1],
+            delta=delta,
+            reward=float(env.reward),
+            env_s=time.perf_counter() - started,
+            next_text=next_text,
+        )
 
     # -- scheduler thread: token bookkeeping -------------------------------------------------------
 
     def _on_env_result(self, ep: _Episode, future: Future[Any]) -> bool:
         """Record a reset or step; return True if the episode needs another model turn."""
         try:
-            text = future.result()
+            result = future.result()
         except Exception as e:  # noqa: BLE001  # user code: recorded on its episode, or raised in strict mode
             self._fail(ep, e)
             return False
         if not ep.pending:  # the answer to reset (a step always has a pending turn)
-            assert ep.env is not None
+            ep.env, text = result
             ep.prompt_ids = self._encode(text)
             if not ep.env.alive:
                 ep.info["dead_at_reset"] = True
@@ -265,6 +335,9 @@ class _Engine:
                 ep.info["prompt_too_long"] = len(ep.prompt_ids)
                 ep.finish(Ending.LENGTH)
             return ep.ending is None
+        ep.env = result.pop("env")
+        text = result.pop("next_text")
+        ep.pending.update(result)
         env_ids = self._encode(text) if text is not None else []
         if text is not None and self._room(ep, extra=len(env_ids)) < 1:
             ep.info["delta_too_long"] = len(env_ids)  # appending it would overshoot: stop before it
@@ -272,7 +345,6 @@ class _Engine:
             ep.finish(Ending.LENGTH)
         self._close_turn(ep, env_ids)
         if text is None and ep.ending is None:
-            assert ep.env is not None
             ep.finish(Ending.ENV_DONE if not ep.env.alive else Ending.MAX_TURNS)
         return ep.ending is None
 
@@ -355,6 +427,7 @@ class _Engine:
                 env_index=ep.index,
                 turn=len(ep.turns),
             ) from error
+        ep.info["error_kind"] = error_kind(error)
         tail = "".join(traceback.format_exception(type(error), error, error.__traceback__)[-3:])
         if ep.pending:  # keep the sampled turn that was being processed
             self._close_turn(ep, [])

@@ -25,7 +25,7 @@ from trl_env.backends.vllm_server import VLLMServerGenerator
 from trl_env.env import Env, Seed
 from trl_env.errors import ConfigError
 from trl_env.processor import check_processor
-from trl_env.rollout import Budgets, Ending, Rollout, batch_rollout
+from trl_env.rollout import ERROR_KINDS, Budgets, Ending, Rollout, batch_rollout
 
 MIN_TRL = "1.16.0"
 
@@ -96,6 +96,7 @@ def make_rollout_func(
     parse_truncated_turns: bool = False,
     strict: bool = False,
     env_workers: int = 16,
+    env_timeout: float | None = 300.0,
     generator: Generator | Callable[[Any], Generator] | None = None,
     base_url: str | Sequence[str] | None = None,
     lora_sync: str | os.PathLike[str] | None = None,
@@ -120,6 +121,7 @@ def make_rollout_func(
         parse_truncated_turns: see ``batch_rollout``.
         strict: raise the first env error instead of recording it (for debugging).
         env_workers: threads running env code.
+        env_timeout: seconds one env call may take before its episode is abandoned (an error).
         generator: a ``Generator``, or a function ``trainer -> Generator``; default: the trainer's own
             model in process with ``use_vllm=False``, a vLLM server client with ``vllm_mode="server"``.
         base_url: vLLM server URL(s), overriding ``trainer.args`` (several = data-parallel servers); with
@@ -181,6 +183,7 @@ def make_rollout_func(
                 parse_truncated_turns=parse_truncated_turns,
                 strict=strict,
                 env_workers=env_workers,
+                env_timeout=env_timeout,
             )
         _log_metrics(trainer, rollouts)
         step = int(getattr(getattr(trainer, "state", None), "global_step", 0))
@@ -267,5 +270,7 @@ def _log_metrics(trainer: Any, rollouts: Sequence[Rollout]) -> None:
     }
     for ending in Ending:
         values[f"env/ending_{ending.value}_rate"] = sum(r.ending is ending for r in rollouts) / len(rollouts)
+    for kind in ERROR_KINDS:
+        values[f"env/error_{kind}_rate"] = sum(r.info.get("error_kind") == kind for r in rollouts) / len(rollouts)
     for key, value in values.items():
         metrics[mode][key].append(value)
