@@ -14,101 +14,15 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from dataclasses import dataclass, field
-from enum import Enum
+from dataclasses import dataclass
 from typing import Any
 
 from trl_env.backends.base import FinishReason, Generation, GenerationRequest, Generator
 from trl_env.env import Env, Seed, check_result
 from trl_env.errors import ConfigError, EnvError, EnvTimeoutError, ProcessorError, ServerError, TrlEnvError
 from trl_env.processor import check_processor, stop_token_ids
+from trl_env.trajectory import Budgets, Ending, Rollout, Turn
 from trl_env.workers import Workers
-
-
-class Ending(str, Enum):
-    """Why an episode ended; every episode has exactly one."""
-
-    ENV_DONE = "env_done"
-    """The env set ``alive = False`` (terminated)."""
-    MAX_TURNS = "max_turns"
-    """The turn budget ran out (truncated)."""
-    LENGTH = "length"
-    """A token budget or the context limit ran out (truncated)."""
-    ERROR = "error"
-    """The env, the processor or the generator failed for this episode (see ``Rollout.error``)."""
-
-
-@dataclass(frozen=True)
-class Budgets:
-    """Limits no episode ever exceeds; a turn's ``max_tokens`` is capped by what remains of each."""
-
-    max_turns: int = 8
-    """Most model turns per episode."""
-    max_new_tokens: int = 256
-    """Most tokens the model samples in one turn."""
-    max_completion_tokens: int = 1024
-    """Most completion tokens per episode, model and env tokens together (what the trainer holds)."""
-    max_context: int | None = None
-    """Most prompt + completion tokens (the model's context length); ``None`` for no limit."""
-
-    def __post_init__(self) -> None:
-        for name in ("max_turns", "max_new_tokens", "max_completion_tokens"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name}={value!r}: it must be a positive int.")
-        if self.max_context is not None and (not isinstance(self.max_context, int) or self.max_context < 2):
-            raise ConfigError(f"max_context={self.max_context!r}: it must be an int >= 2, or None for no limit.")
-
-
-@dataclass(frozen=True)
-class Turn:
-    """One model turn and the env's answer to it."""
-
-    text: str
-    """The decoded sampled ids, special tokens included."""
-    reasoning: str
-    """What the processor parsed as reasoning."""
-    action: str | None
-    """The action given to ``env.step``; ``None`` when the turn was not parsed (cut by a length limit)."""
-    delta: str | None
-    """The env's observation after the step; ``None`` without a step."""
-    reward: float | None
-    """``env.reward`` after the step."""
-    finish_reason: FinishReason
-    num_model_tokens: int
-    num_env_tokens: int
-    """Env tokens appended after this turn (0 if the episode ended here)."""
-    generation_s: float
-    env_s: float
-
-
-@dataclass(frozen=True)
-class Rollout:
-    """One finished episode, token-exact: ``prompt_ids + completion_ids`` is what the sampler saw."""
-
-    seed: Seed
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    logprobs: list[float]
-    env_mask: list[int]
-    turns: tuple[Turn, ...]
-    reward: float | None
-    """``env.reward`` at the end; ``None`` when the episode failed or the model never acted."""
-    ending: Ending
-    error: str = ""
-    """For ``Ending.ERROR``: the error message and the last lines of its traceback."""
-    info: dict[str, Any] = field(default_factory=dict)
-    """Extra facts, e.g. ``placeholder=True`` when the completion is a single masked stand-in token."""
-
-    @property
-    def terminated(self) -> bool:
-        """The env ended the episode."""
-        return self.ending is Ending.ENV_DONE
-
-    @property
-    def truncated(self) -> bool:
-        """A budget ended the episode."""
-        return self.ending in (Ending.MAX_TURNS, Ending.LENGTH)
 
 
 class _Episode:
