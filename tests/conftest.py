@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from helpers import GuessEnv
+from vllm_server import vllm_server, vllm_tiny_model  # noqa: F401  # session fixtures: one server per run
 
 from trl_env.testing import build_tiny_model, build_tiny_tokenizer
 

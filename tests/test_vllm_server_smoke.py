@@ -16,9 +16,7 @@ import pytest
 requests = pytest.importorskip("requests")
 torch = pytest.importorskip("torch")
 
-# pytest fixtures "vllm_server" and "vllm_tiny_model" (registered under those names; imported under aliases)
-from vllm_server import vllm_server as _vllm_server  # noqa: E402, F401
-from vllm_server import vllm_tiny_model as _vllm_tiny_model  # noqa: E402, F401
+# the fixtures "vllm_server" and "vllm_tiny_model" come from tests/vllm_server.py through conftest.py
 
 TOL = 1e-3
 PROMPTS = [[1, 100, 200, 300, 2, 1], [1, 50, 60], [1, 7, 8, 9, 10, 11, 12, 13, 2, 1, 400]]

@@ -103,7 +103,9 @@ class VLLMServerGenerator:
         self._pool = ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="trl-env-http")
         self._lock = threading.Lock()
         self._in_flight = dict.fromkeys(self.urls, 0)
-        self.served_model = model or self._discover_model(connect_timeout)
+        self.context_limit: int | None = None
+        """The server's ``max_model_len``, from ``/v1/models``."""
+        self.served_model = self._discover_model(connect_timeout, model)
         self.model = self.served_model
         """The ``model`` field of requests: the served model, or a LoRA adapter's name once one is loaded."""
         self._lora_step: int | None = None
@@ -229,11 +231,16 @@ class VLLMServerGenerator:
 
     # -- start-up checks --------------------------------------------------------------------------
 
-    def _discover_model(self, connect_timeout: float) -> str:
+    def _discover_model(self, connect_timeout: float, model: str | None) -> str:
         url = self.urls[0]
         try:
             response = self._get(f"{url}/v1/models", timeout=connect_timeout)
-            return str(response.json()["data"][0]["id"])
+            cards = response.json()["data"]
+            card = next((c for c in cards if c["id"] == model), None) if model else cards[0]
+            if card is None:
+                raise ConfigError(f"{url} does not serve model {model!r}; it serves {[c['id'] for c in cards]}.")
+            self.context_limit = card.get("max_model_len")
+            return str(card["id"])
         except (requests.ConnectionError, requests.Timeout) as e:
             raise ConfigError(
                 f"no vLLM server answers at {url} ({type(e).__name__}). Start one, e.g. `trl vllm-serve --model "

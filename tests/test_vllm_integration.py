@@ -1,0 +1,113 @@
+"""trl-env against a REAL vLLM server (CPU build, tiny model): token-exact prefixes, and GRPO with LoRA hot-sync.
+
+Needs .venv-vllm (`bash scripts/install_vllm.sh`); skipped without it unless TRL_ENV_REQUIRE_VLLM=1 (CI sets it).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+import torch
+from helpers import ScriptedEnv, assert_token_exact
+
+from trl_env import Budgets, ChatMLProcessor, GenerationRequest, VLLMServerGenerator, batch_rollout, make_rollout_func
+from trl_env.backends.vllm_server import parse_completion
+
+TOL = 2e-3  # vLLM's CPU kernels vs transformers, float32
+
+
+class Recorder:
+    """A `post` that goes to the real server and keeps every request body and answer."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict, dict]] = []
+
+    def __call__(self, url, json, timeout):
+        response = requests.post(url, json=json, timeout=timeout)
+        if url.endswith("/v1/completions") and response.status_code == 200:
+            self.calls.append((url, json, response.json()))
+        return response
+
+
+def recomputed(model, prompt_ids, completion_ids, temperature=1.0):
+    ids = torch.tensor([prompt_ids + completion_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt_ids) - 1 : -1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion_ids)[:, None])[:, 0]
+
+
+def test_every_request_the_server_sees_is_the_trajectory_prefix(vllm_server, vllm_tiny_model):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(vllm_tiny_model)
+    recorder = Recorder()
+    gen = VLLMServerGenerator(vllm_server.base_url, post=recorder, temperature=1.0)
+    deltas = [" leading space", "line\nbreak", "日本 → é", "42 + 17", "higher"]
+    seeds = [json.dumps({"n": 4, "deltas": deltas[i % 5 :] + deltas[: i % 5]}) for i in range(40)]
+    rollouts = batch_rollout(seeds, ScriptedEnv, ChatMLProcessor(), tokenizer, gen,
+                             budgets=Budgets(max_turns=4, max_new_tokens=8), parse_truncated_turns=True)
+    assert gen.context_limit == 1024
+    assert len(rollouts) == 40 and all(len(r.turns) >= 3 for r in rollouts), [r.error for r in rollouts]
+    requests_, outputs = [], []
+    for url, body, answer in recorder.calls:
+        assert answer["choices"][0]["prompt_token_ids"] == body["prompt"]  # what vLLM actually saw
+        requests_.append(GenerationRequest(body["prompt"], body["max_tokens"], tuple(body["stop_token_ids"])))
+        outputs.append(parse_completion(answer, url=url, max_tokens=body["max_tokens"]))
+    assert assert_token_exact(rollouts, requests_, outputs) >= 40 * 3
+
+    model = AutoModelForCausalLM.from_pretrained(vllm_tiny_model, dtype=torch.float32).eval()
+    for r in rollouts[:5]:
+        mask = torch.tensor(r.env_mask, dtype=torch.bool)
+        mine = torch.tensor(r.logprobs)[mask]
+        assert torch.allclose(mine, recomputed(model, r.prompt_ids, r.completion_ids)[mask], atol=TOL, rtol=0)
+
+
+def test_grpo_with_lora_hot_sync_samples_each_step_from_that_steps_adapter(vllm_server, vllm_tiny_model, tmp_path):
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(vllm_tiny_model)
+    model = AutoModelForCausalLM.from_pretrained(vllm_tiny_model, dtype=torch.float32)
+    inner = make_rollout_func(ScriptedEnv, ChatMLProcessor(), max_turns=3, max_new_tokens=6,
+                              parse_truncated_turns=True, base_url=vllm_server.base_url,
+                              lora_sync=tmp_path / "adapters")
+    checks = []
+
+    def rollout_func(prompts, trainer):
+        out = inner(prompts, trainer)  # syncs the adapter of this step, then samples from the server
+        peft_model = trainer.model
+        was_training = peft_model.training
+        peft_model.eval()
+        adapter_gap, base_gap = 0.0, 0.0
+        for p, c, lp, m in zip(out["prompt_ids"], out["completion_ids"], out["logprobs"], out["env_mask"]):
+            mask = torch.tensor(m, dtype=torch.bool)
+            served = torch.tensor(lp)[mask]
+            adapter_gap = max(adapter_gap, (served - recomputed(peft_model, p, c)[mask]).abs().max().item())
+            with peft_model.disable_adapter():
+                base_gap = max(base_gap, (served - recomputed(peft_model, p, c)[mask]).abs().max().item())
+        peft_model.train(was_training)
+        checks.append((trainer.state.global_step, adapter_gap, base_gap))
+        return out
+
+    seeds = [json.dumps({"n": 3, "deltas": [f"level {i}", "again", " 7"]}) for i in range(8)]
+    trainer = GRPOTrainer(
+        model=model, processing_class=tokenizer, reward_funcs=lambda completions, env_reward, **kw: env_reward,
+        train_dataset=Dataset.from_dict({"prompt": seeds}), rollout_func=rollout_func,
+        peft_config=LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], lora_dropout=0.0),
+        args=GRPOConfig(output_dir=str(tmp_path / "out"), max_steps=3, per_device_train_batch_size=4,
+                        num_generations=4, learning_rate=5e-2, max_completion_length=48, report_to=[],
+                        save_strategy="no", use_cpu=True, bf16=False, use_vllm=False, logging_steps=1),
+    )
+    trainer.train()
+    print("step, max |served - adapter recompute|, max |served - base|:", checks)
+    assert [step for step, _, _ in checks] == [0, 1, 2]
+    for step, adapter_gap, base_gap in checks:
+        assert adapter_gap < TOL, f"step {step}: served logprobs are not step {step}'s adapter ({adapter_gap})"
+        if step > 0:
+            assert base_gap > 10 * TOL, f"step {step}: the adapter did not change the policy ({base_gap})"
+    served = {card["id"] for card in requests.get(f"{vllm_server.base_url}/v1/models", timeout=10).json()["data"]}
+    assert "trl-env-step-2" in served and "trl-env-step-1" not in served  # the previous adapter was unloaded
