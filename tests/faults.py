@@ -1,0 +1,124 @@
+"""Fault injection for the reliability suite: an env that misbehaves by seed, and an HTTP proxy that breaks requests.
+
+The proxy listens on 127.0.0.1 only, forwards to a real vLLM server, and answers a chosen share of
+requests with a 5xx, a dropped connection, or a malformed 200; it counts what it injected.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import math
+import random
+import threading
+from collections import Counter
+
+import requests
+
+ENV_FAULTS = {"env_exception": 0.10, "env_hang": 0.05, "env_bad_return": 0.02, "env_nan_reward": 0.01}
+HANG = threading.Event()  # set at the end of a test to let abandoned threads finish
+
+
+def env_fault_of(seed: str) -> tuple[str | None, int]:
+    """The fault an episode's env will inject, and at which step (1-3); deterministic in the seed."""
+    rng = random.Random(f"env-{seed}")
+    r, at, edge = rng.random(), rng.randint(1, 3), 0.0
+    for kind, share in ENV_FAULTS.items():
+        edge += share
+        if r < edge:
+            return kind, at
+    return None, at
+
+
+class FaultyEnv:
+    """Three turns of echo; injects the fault ``env_fault_of(seed)`` at its step."""
+
+    def __init__(self) -> None:
+        self.reward, self.alive, self.turn = 0.0, True, 0
+
+    def reset(self, seed):
+        self.fault, self.at = env_fault_of(seed)
+        return self, f"episode {seed}: say anything"
+
+    def step(self, action):
+        self.turn += 1
+        if self.turn == self.at:
+            if self.fault == "env_exception":
+                raise RuntimeError("injected env crash")
+            if self.fault == "env_hang":
+                HANG.wait()
+            if self.fault == "env_bad_return":
+                return "not a tuple"
+            if self.fault == "env_nan_reward":
+                self.reward = math.nan
+                return self, "nan"
+        self.reward += 0.5 if action else 0.0
+        self.alive = self.turn < 3
+        return self, f"turn {self.turn} ok"
+
+
+class FaultProxy:
+    """``with FaultProxy(upstream, shares) as proxy:`` then point the client at ``proxy.url``."""
+
+    def __init__(self, upstream: str, shares: dict[str, float], *, seed: int = 0) -> None:
+        self.upstream, self.shares = upstream.rstrip("/"), shares
+        self.rng, self.lock = random.Random(seed), threading.Lock()
+        self.injected: Counter[str] = Counter()
+        self.forwarded = 0
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                upstream = requests.get(proxy.upstream + self.path, timeout=30)
+                self._send(upstream.status_code, upstream.content)
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                fault = proxy.pick() if self.path == "/v1/completions" else None
+                if fault == "http_5xx":
+                    self._send(503, b'{"error": "injected overload"}')
+                elif fault == "dropped_connection":
+                    self.close_connection = True
+                    self.connection.shutdown(2)
+                elif fault == "malformed_output":
+                    self._send(200, json.dumps({"choices": [{"text": "no ids here", "finish_reason": "stop"}]}).encode())
+                else:
+                    upstream = requests.post(proxy.upstream + self.path, data=body, timeout=120,
+                                             headers={"Content-Type": "application/json"})
+                    with proxy.lock:
+                        proxy.forwarded += 1
+                    self._send(upstream.status_code, upstream.content)
+
+            def _send(self, status, payload):
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def pick(self) -> str | None:
+        with self.lock:
+            r, edge = self.rng.random(), 0.0
+            for kind, share in self.shares.items():
+                edge += share
+                if r < edge:
+                    self.injected[kind] += 1
+                    return kind
+        return None
+
+    def __enter__(self) -> FaultProxy:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,226 @@
+"""Reliability under injected faults: 1,000+ episodes, every row valid, each failure counted, none trained on.
+
+In process: env faults (10% exceptions, 5% hangs, 2% wrong return types, 1% NaN rewards) and, at the
+generator seam, 5% server errors, 2% dropped requests and 1% malformed outputs. Against the real vLLM
+server: the same env faults plus an HTTP proxy injecting 5xx, dropped connections and malformed answers.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+import time
+from collections import Counter, defaultdict
+from concurrent.futures import Future
+
+import pytest
+import requests
+from faults import HANG, FaultProxy, FaultyEnv, env_fault_of
+
+from trl_env import (
+    Budgets,
+    ChatMLProcessor,
+    Ending,
+    Generation,
+    ServerError,
+    TransformersGenerator,
+    VLLMServerGenerator,
+    batch_rollout,
+    to_trl,
+)
+
+ENV_KIND = {"env_exception": "env_exception", "env_hang": "env_timeout", "env_bad_return": "env_bad_return",
+            "env_nan_reward": "env_bad_return"}
+SERVER_FAULTS = {"http_5xx": 0.05, "dropped_connection": 0.02, "malformed_output": 0.01}
+
+
+class FaultySeam:
+    """Wraps a generator: fails a share of requests as a server would (recorded per episode and turn)."""
+
+    def __init__(self, inner, tokenizer, seed=0):
+        import random
+
+        self.inner, self.tokenizer, self.rng, self.continuous = inner, tokenizer, random.Random(seed), inner.continuous
+        self.first_fault: dict[str, int] = {}  # seed -> turn of its first generator fault
+        self.injected: Counter[str] = Counter()
+        self.context_limit = getattr(inner, "context_limit", None)
+
+    def submit(self, reqs):
+        futures = self.inner.submit(reqs)
+        out = []
+        for request, future in zip(reqs, futures):
+            text = self.tokenizer.decode(request.prompt_ids)
+            seed, turn = re.search(r"episode (\d+):", text).group(1), text.count("<|im_start|>assistant")
+            r = self.rng.random()
+            if r < 0.08:
+                kind = "http_5xx" if r < 0.05 else "dropped_connection" if r < 0.07 else "malformed_output"
+                self.injected[kind] += 1
+                self.first_fault.setdefault(seed, turn)
+                failed: Future[Generation] = Future()
+                if kind == "malformed_output":
+                    g = future.result()
+                    failed.set_result(Generation(g.token_ids, g.logprobs[:-1] or [], g.finish_reason))
+                else:
+                    failed.set_exception(ServerError(f"injected {kind}", url="in-process"))
+                out.append(failed)
+            else:
+                out.append(future)
+        return out
+
+
+def check_rows(rollouts):
+    """TRL's contract and the failure policy, row by row."""
+    out = to_trl(rollouts)
+    assert all(len(v) == len(rollouts) for v in out.values())
+    for i, r in enumerate(rollouts):
+        ids, lps, mask = out["completion_ids"][i], out["logprobs"][i], out["env_mask"][i]
+        assert 1 <= len(ids) == len(lps) == len(mask) and out["prompt_ids"][i]
+        assert all(isinstance(x, float) and math.isfinite(x) for x in lps)
+        if r.ending is Ending.ERROR:
+            assert set(mask) == {0} and out["env_reward"][i] is None and r.error and r.info["error_kind"]
+        elif not r.info.get("placeholder"):
+            assert out["env_reward"][i] is not None and math.isfinite(out["env_reward"][i])
+    return out
+
+
+def expected_kind(seed, first_server_turn):
+    fault, at = env_fault_of(seed)
+    server_at = first_server_turn if first_server_turn is not None else math.inf
+    env_at = at if fault is not None else math.inf
+    if server_at <= env_at and server_at < math.inf:
+        return "server_error"
+    return ENV_KIND[fault] if fault is not None else None
+
+
+def test_1000_episodes_with_injected_faults_in_process(tokenizer, model):
+    seam = FaultySeam(TransformersGenerator(model, pad_token_id=tokenizer.pad_token_id), tokenizer)
+    seeds = [str(i) for i in range(1000)]
+    started = time.perf_counter()
+    rollouts = batch_rollout(seeds, FaultyEnv, ChatMLProcessor(), tokenizer, seam,
+                             budgets=Budgets(max_turns=3, max_new_tokens=4), parse_truncated_turns=True,
+                             env_workers=64, env_timeout=1.0)
+    wall = time.perf_counter() - started
+    check_rows(rollouts)
+    kinds = Counter(r.info.get("error_kind") for r in rollouts)
+    for seed, r in zip(seeds, rollouts):
+        assert r.info.get("error_kind") == expected_kind(seed, seam.first_fault.get(seed)), (seed, r.error)
+    injected_env = Counter(env_fault_of(s)[0] for s in seeds)
+    print(f"\n[faults/in-process] 1000 episodes in {wall:.1f} s; env faults planned {dict(injected_env)}; "
+          f"generator faults injected {dict(seam.injected)}; outcomes {dict(kinds)}")
+    assert kinds["env_timeout"] > 20 and kinds["env_exception"] > 50 and kinds["server_error"] > 30
+
+
+@pytest.mark.usefixtures("vllm_server")
+def test_1000_episodes_with_injected_faults_against_the_real_vllm_server(vllm_server, vllm_tiny_model):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(vllm_tiny_model)
+    with FaultProxy(vllm_server.base_url, SERVER_FAULTS, seed=1) as proxy:
+        gen = VLLMServerGenerator(proxy.url, retries=2, backoff=0.05, timeout=60)
+        seeds = [str(i) for i in range(1000)]
+        started = time.perf_counter()
+        rollouts = batch_rollout(seeds, FaultyEnv, ChatMLProcessor(), tokenizer, gen,
+                                 budgets=Budgets(max_turns=3, max_new_tokens=4), parse_truncated_turns=True,
+                                 env_workers=64, env_timeout=1.0)
+        wall = time.perf_counter() - started
+    check_rows(rollouts)
+    kinds = Counter(r.info.get("error_kind") for r in rollouts)
+    for seed, r in zip(seeds, rollouts):
+        kind = r.info.get("error_kind")
+        if kind == "server_error":  # a malformed answer (not retried), or a fault that outlived the retries
+            assert "127.0.0.1" in r.error
+        else:
+            assert kind == expected_kind(seed, None), (seed, r.error)
+    print(f"\n[faults/vllm] 1000 episodes in {wall:.1f} s; proxy injected {dict(proxy.injected)} "
+          f"(forwarded {proxy.forwarded}); outcomes {dict(kinds)}")
+    assert 0 < kinds["server_error"] <= proxy.injected["malformed_output"] + 5
+    assert sum(proxy.injected.values()) > 100
+
+
+def test_a_server_gone_mid_run_ends_the_rollout_with_errors_naming_the_url_in_bounded_time(vllm_server,
+                                                                                           vllm_tiny_model):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(vllm_tiny_model)
+    proxy = FaultProxy(vllm_server.base_url, {})
+    proxy.__enter__()
+    gen = VLLMServerGenerator(proxy.url, retries=2, backoff=0.1, timeout=5)
+    threading.Timer(1.0, proxy.__exit__, args=(None, None, None)).start()  # the server disappears after 1 s
+
+    class Slow:  # never ends by itself: only the server going away ends these episodes
+        reward, alive = 0.0, True
+
+        def reset(self, seed):
+            return self, f"episode {seed}"
+
+        def step(self, action):
+            time.sleep(0.2)
+            return self, "more"
+
+    started = time.perf_counter()
+    rollouts = batch_rollout([str(i) for i in range(5000, 5032)], Slow, ChatMLProcessor(), tokenizer, gen,
+                             budgets=Budgets(max_turns=30, max_new_tokens=4), parse_truncated_turns=True)
+    assert time.perf_counter() - started < 30
+    check_rows(rollouts)
+    gone = [r for r in rollouts if r.info.get("error_kind") == "server_error"]
+    assert len(gone) == 32 and all(proxy.url in r.error and "failed 3 times" in r.error for r in gone)
+
+
+def test_trl_keeps_failed_rows_out_of_the_group_statistics_and_the_loss(tmp_path, model, tokenizer):
+    """TRL 1.16: a reward of None becomes NaN, is left out of the group mean/std, and gets advantage 0."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.trainer.utils import nanstd
+
+    from trl_env import env_reward, make_rollout_func
+
+    created = defaultdict(int)
+
+    class EveryThirdCrashes(FaultyEnv):
+        def reset(self, seed):
+            created[seed] += 1
+            self.crash = created[seed] % 3 == 0
+            return super().reset(seed)
+
+        def step(self, action):
+            if self.crash:
+                raise RuntimeError("boom")
+            self.reward = len(action) % 5 / 4
+            self.alive = False
+            return self, "done"
+
+    inner = make_rollout_func(EveryThirdCrashes, ChatMLProcessor(), max_new_tokens=6, parse_truncated_turns=True)
+    outputs, batches = [], []
+
+    def rollout_func(prompts, trainer):
+        outputs.append(inner(prompts, trainer))
+        return outputs[-1]
+
+    trainer = GRPOTrainer(
+        model=model, processing_class=tokenizer, reward_funcs=env_reward, rollout_func=rollout_func,
+        train_dataset=Dataset.from_dict({"prompt": [str(i) for i in range(100, 108)]}),
+        args=GRPOConfig(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=8, num_generations=4,
+                        max_completion_length=32, report_to=[], save_strategy="no", use_cpu=True, bf16=False),
+    )
+    original = trainer._generate_and_score_completions
+    trainer._generate_and_score_completions = lambda inputs: batches.append(original(inputs)) or batches[-1]
+    trainer.train()
+    import torch
+
+    rewards = torch.tensor([math.nan if r is None else r for r in outputs[0]["env_reward"]])
+    assert rewards.isnan().any() and (~rewards.isnan()).any()
+    grouped = rewards.view(-1, 4)
+    mean = torch.nanmean(grouped, dim=1, keepdim=True)
+    std = nanstd(grouped, dim=1).unsqueeze(1)
+    expected = torch.nan_to_num((grouped - mean) / (std + 1e-4), nan=0.0).view(-1)
+    assert torch.allclose(batches[0]["advantages"].view(-1), expected, atol=1e-5)
+    failed = rewards.isnan()
+    loss_mask = batches[0]["completion_mask"] * batches[0]["tool_mask"]
+    assert loss_mask[failed].sum() == 0  # nothing of a failed episode is trained on
+    HANG.set()
+
+
+def teardown_module():
+    HANG.set()  # let the abandoned hung env threads finish
+    requests.Session().close()
