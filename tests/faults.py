@@ -64,7 +64,7 @@ class FaultProxy:
         self.upstream, self.shares = upstream.rstrip("/"), shares
         self.rng, self.lock = random.Random(seed), threading.Lock()
         self.injected: Counter[str] = Counter()
-        self.forwarded = 0
+        self.forwarded, self.dead = 0, False
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -80,6 +80,8 @@ class FaultProxy:
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 fault = proxy.pick() if self.path == "/v1/completions" else None
+                if proxy.dead:  # gone: even kept-alive connections get no answer
+                    fault = "dropped_connection"
                 if fault == "http_5xx":
                     self._send(503, b'{"error": "injected overload"}')
                 elif fault == "dropped_connection":
@@ -118,6 +120,12 @@ class FaultProxy:
     def __enter__(self) -> FaultProxy:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         return self
+
+    def kill(self) -> None:
+        """The server goes away: no new connections, and open ones are dropped."""
+        self.dead = True
+        self.server.shutdown()
+        self.server.server_close()
 
     def __exit__(self, *exc) -> None:
         self.server.shutdown()

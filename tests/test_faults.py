@@ -146,7 +146,7 @@ def test_a_server_gone_mid_run_ends_the_rollout_with_errors_naming_the_url_in_bo
     proxy = FaultProxy(vllm_server.base_url, {})
     proxy.__enter__()
     gen = VLLMServerGenerator(proxy.url, retries=2, backoff=0.1, timeout=5)
-    threading.Timer(1.0, proxy.__exit__, args=(None, None, None)).start()  # the server disappears after 1 s
+    threading.Timer(1.0, proxy.kill).start()  # the server disappears after 1 s
 
     class Slow:  # never ends by itself: only the server going away ends these episodes
         reward, alive = 0.0, True

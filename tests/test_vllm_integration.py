@@ -111,3 +111,4 @@ def test_grpo_with_lora_hot_sync_samples_each_step_from_that_steps_adapter(vllm_
             assert base_gap > 10 * TOL, f"step {step}: the adapter did not change the policy ({base_gap})"
     served = {card["id"] for card in requests.get(f"{vllm_server.base_url}/v1/models", timeout=10).json()["data"]}
     assert "trl-env-step-2" in served and "trl-env-step-1" not in served  # the previous adapter was unloaded
+    requests.post(f"{vllm_server.base_url}/v1/unload_lora_adapter", json={"lora_name": "trl-env-step-2"}, timeout=10)

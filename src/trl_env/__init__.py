@@ -11,7 +11,7 @@ from trl_env.backends import (
 from trl_env.env import Action, Delta, Env, Language, Seed
 from trl_env.errors import ConfigError, EnvError, ProcessorError, ServerError, TrlEnvError
 from trl_env.processor import Processor, split_reasoning
-from trl_env.processors import ChatMLProcessor, get_processor
+from trl_env.processors import PROCESSORS, ChatMLProcessor, from_tokenizer, get_processor
 from trl_env.rollout import Budgets, Ending, Rollout, Turn, batch_rollout
 from trl_env.trl import env_reward, make_rollout_func, to_trl
 
@@ -32,6 +32,7 @@ __all__ = [
     "Generator",
     "Language",
     "Processor",
+    "PROCESSORS",
     "ProcessorError",
     "Rollout",
     "Seed",
@@ -42,6 +43,7 @@ __all__ = [
     "VLLMServerGenerator",
     "batch_rollout",
     "env_reward",
+    "from_tokenizer",
     "get_processor",
     "make_rollout_func",
     "split_reasoning",

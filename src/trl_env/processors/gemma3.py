@@ -4,7 +4,7 @@ Follows Google's Gemma 3 chat template: `<bos>` first; no system role, so a syst
 written at the top of the first user turn followed by a blank line; the assistant's role is
 `model`; message text is trimmed (`| trim`, so this processor strips the env text too). The
 model's turn ends at `<end_of_turn>`, and the newline the template writes after it opens the text
-appended for the next user turn. Gemma 3 has no reasoning block.
+appended for the next user turn. Gemma 3 has no reasoning block of its own; a prompted `<think>` block is parsed.
 """
 
 from __future__ import annotations
@@ -22,8 +22,10 @@ class Gemma3Processor:
     """Written (not stripped, as the template) before the first user message, then a blank line."""
     stop_strings: tuple[str, ...] = ("<end_of_turn>",)
     """End-of-turn markers; each must be one token."""
+    reasoning_tags: tuple[str, str] | None = ("<think>", "</think>")
+    """Markers of a prompted reasoning block (the family has none of its own); ``None`` for no reasoning."""
     action_tags: tuple[str, str] | None = None
-    """Markers around the action, e.g. ``("<answer>", "</answer>")``; ``None``: the whole turn."""
+    """Markers around the action, e.g. ``("<answer>", "</answer>")``; ``None``: the text after the reasoning."""
 
     def init_system_input(self, prompt: str) -> str:
         """Render `<bos>`, the first user turn (system prompt on top) and the model header."""
@@ -35,9 +37,12 @@ class Gemma3Processor:
         return f"\n<start_of_turn>user\n{prompt.strip()}<end_of_turn>\n<start_of_turn>model\n"
 
     def parse(self, completion: str) -> ParsedOutput:
-        """Split a turn into (no) reasoning, action and a ``ParseStatus``."""
+        """Split a turn into reasoning (a prompted `<think>` block), action and a ``ParseStatus``."""
         return parse_output(
-            completion, end_markers=(*self.stop_strings, "<eos>"), reasoning_tags=None, action_tags=self.action_tags
+            completion,
+            end_markers=(*self.stop_strings, "<eos>"),
+            reasoning_tags=self.reasoning_tags,
+            action_tags=self.action_tags,
         )
 
     def parse_agent_output(self, completion: str) -> tuple[str, str]:
@@ -46,5 +51,8 @@ class Gemma3Processor:
         return parsed.reasoning, parsed.action
 
     def render_agent_output(self, reasoning: str, action: str) -> str:
-        """The text of a model turn (Gemma 3 has no reasoning block, so ``reasoning`` must be empty)."""
-        return action
+        """The text of a model turn with this reasoning and action (the inverse of ``parse``)."""
+        if not reasoning or self.reasoning_tags is None:
+            return action
+        open_tag, close_tag = self.reasoning_tags
+        return f"{open_tag}\n{reasoning}\n{close_tag}\n\n{action}"

@@ -28,8 +28,10 @@ class Llama3Processor:
     """"Today Date" of the 3.1+ system block; ``None`` for Llama 3.0, which has no such block."""
     stop_strings: tuple[str, ...] = ("<|eot_id|>",)
     """End-of-turn markers; each must be one token."""
+    reasoning_tags: tuple[str, str] | None = ("<think>", "</think>")
+    """Markers of a prompted reasoning block (the family has none of its own); ``None`` for no reasoning."""
     action_tags: tuple[str, str] | None = None
-    """Markers around the action, e.g. ``("<answer>", "</answer>")``; ``None``: the whole turn."""
+    """Markers around the action, e.g. ``("<answer>", "</answer>")``; ``None``: the text after the reasoning."""
 
     def init_system_input(self, prompt: str) -> str:
         """Render `<|begin_of_text|>`, the system block (if any), the first user turn and the assistant header."""
@@ -44,11 +46,11 @@ class Llama3Processor:
         return f"{_turn('user', prompt.strip())}{_HEADER}"
 
     def parse(self, completion: str) -> ParsedOutput:
-        """Split a turn into (no) reasoning, action and a ``ParseStatus``; Llama 3 has no reasoning block."""
+        """Split a turn into reasoning (a prompted `<think>` block), action and a ``ParseStatus``."""
         return parse_output(
             completion,
             end_markers=(*self.stop_strings, "<|eom_id|>", "<|end_of_text|>"),
-            reasoning_tags=None,
+            reasoning_tags=self.reasoning_tags,
             action_tags=self.action_tags,
         )
 
@@ -58,8 +60,11 @@ class Llama3Processor:
         return parsed.reasoning, parsed.action
 
     def render_agent_output(self, reasoning: str, action: str) -> str:
-        """The text of a model turn (Llama 3 has no reasoning block, so ``reasoning`` must be empty)."""
-        return action
+        """The text of a model turn with this reasoning and action (the inverse of ``parse``)."""
+        if not reasoning or self.reasoning_tags is None:
+            return action
+        open_tag, close_tag = self.reasoning_tags
+        return f"{open_tag}\n{reasoning}\n{close_tag}\n\n{action}"
 
 
 _HEADER = "<|start_header_id|>assistant<|end_header_id|>\n\n"

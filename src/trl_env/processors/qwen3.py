@@ -46,9 +46,7 @@ class Qwen3Processor:
 
     def parse(self, completion: str) -> ParsedOutput:
         """Split a turn into reasoning (in `<think>...</think>`), action and a ``ParseStatus``."""
-        return parse_output(
-            completion, end_markers=(*self.stop_strings, "<|endoftext|>"), action_tags=self.action_tags
-        )
+        return parse_output(completion, end_markers=(*self.stop_strings, "<|endoftext|>"), action_tags=self.action_tags)
 
     def parse_agent_output(self, completion: str) -> tuple[str, str]:
         """Split a turn into (reasoning, action), without the end marker."""
