@@ -88,10 +88,13 @@ class FaultProxy:
                     self.close_connection = True
                     self.connection.shutdown(2)
                 elif fault == "malformed_output":
-                    self._send(200, json.dumps({"choices": [{"text": "no ids here", "finish_reason": "stop"}]}).encode())
+                    self._send(
+                        200, json.dumps({"choices": [{"text": "no ids here", "finish_reason": "stop"}]}).encode()
+                    )
                 else:
-                    upstream = requests.post(proxy.upstream + self.path, data=body, timeout=120,
-                                             headers={"Content-Type": "application/json"})
+                    upstream = requests.post(
+                        proxy.upstream + self.path, data=body, timeout=120, headers={"Content-Type": "application/json"}
+                    )
                     with proxy.lock:
                         proxy.forwarded += 1
                     self._send(upstream.status_code, upstream.content)

@@ -11,7 +11,10 @@ from trl_env import ConfigError, EnvError, ProcessorError, ServerError, TrlEnvEr
         (ConfigError("bad value"), (TrlEnvError, ValueError)),
         (ProcessorError("bad processor"), (TrlEnvError, ValueError)),
         (EnvError("env failed", env_index=3, turn=2, method="step"), (TrlEnvError, RuntimeError)),
-        (ServerError("down", url="http://127.0.0.1:8000", status_code=503, body="x" * 5000), (TrlEnvError, RuntimeError)),
+        (
+            ServerError("down", url="http://127.0.0.1:8000", status_code=503, body="x" * 5000),
+            (TrlEnvError, RuntimeError),
+        ),
     ],
 )
 def test_errors_keep_their_stdlib_base_and_survive_pickling_with_context(error, bases):

@@ -30,8 +30,12 @@ from trl_env import (
     to_trl,
 )
 
-ENV_KIND = {"env_exception": "env_exception", "env_hang": "env_timeout", "env_bad_return": "env_bad_return",
-            "env_nan_reward": "env_bad_return"}
+ENV_KIND = {
+    "env_exception": "env_exception",
+    "env_hang": "env_timeout",
+    "env_bad_return": "env_bad_return",
+    "env_nan_reward": "env_bad_return",
+}
 SERVER_FAULTS = {"http_5xx": 0.05, "dropped_connection": 0.02, "malformed_output": 0.01}
 
 
@@ -49,7 +53,7 @@ class FaultySeam:
     def submit(self, reqs):
         futures = self.inner.submit(reqs)
         out = []
-        for request, future in zip(reqs, futures):
+        for request, future in zip(reqs, futures, strict=False):
             text = self.tokenizer.decode(request.prompt_ids)
             seed, turn = re.search(r"episode (\d+):", text).group(1), text.count("<|im_start|>assistant")
             r = self.rng.random()
@@ -97,17 +101,27 @@ def test_1000_episodes_with_injected_faults_in_process(tokenizer, model):
     seam = FaultySeam(TransformersGenerator(model, pad_token_id=tokenizer.pad_token_id), tokenizer)
     seeds = [str(i) for i in range(1000)]
     started = time.perf_counter()
-    rollouts = batch_rollout(seeds, FaultyEnv, ChatMLProcessor(), tokenizer, seam,
-                             budgets=Budgets(max_turns=3, max_new_tokens=4), parse_truncated_turns=True,
-                             env_workers=64, env_timeout=1.0)
+    rollouts = batch_rollout(
+        seeds,
+        FaultyEnv,
+        ChatMLProcessor(),
+        tokenizer,
+        seam,
+        budgets=Budgets(max_turns=3, max_new_tokens=4),
+        parse_truncated_turns=True,
+        env_workers=64,
+        env_timeout=1.0,
+    )
     wall = time.perf_counter() - started
     check_rows(rollouts)
     kinds = Counter(r.info.get("error_kind") for r in rollouts)
-    for seed, r in zip(seeds, rollouts):
+    for seed, r in zip(seeds, rollouts, strict=False):
         assert r.info.get("error_kind") == expected_kind(seed, seam.first_fault.get(seed)), (seed, r.error)
     injected_env = Counter(env_fault_of(s)[0] for s in seeds)
-    print(f"\n[faults/in-process] 1000 episodes in {wall:.1f} s; env faults planned {dict(injected_env)}; "
-          f"generator faults injected {dict(seam.injected)}; outcomes {dict(kinds)}")
+    print(
+        f"\n[faults/in-process] 1000 episodes in {wall:.1f} s; env faults planned {dict(injected_env)}; "
+        f"generator faults injected {dict(seam.injected)}; outcomes {dict(kinds)}"
+    )
     assert kinds["env_timeout"] > 20 and kinds["env_exception"] > 50 and kinds["server_error"] > 30
 
 
@@ -120,26 +134,37 @@ def test_1000_episodes_with_injected_faults_against_the_real_vllm_server(vllm_se
         gen = VLLMServerGenerator(proxy.url, retries=2, backoff=0.05, timeout=60)
         seeds = [str(i) for i in range(1000)]
         started = time.perf_counter()
-        rollouts = batch_rollout(seeds, FaultyEnv, ChatMLProcessor(), tokenizer, gen,
-                                 budgets=Budgets(max_turns=3, max_new_tokens=4), parse_truncated_turns=True,
-                                 env_workers=64, env_timeout=1.0)
+        rollouts = batch_rollout(
+            seeds,
+            FaultyEnv,
+            ChatMLProcessor(),
+            tokenizer,
+            gen,
+            budgets=Budgets(max_turns=3, max_new_tokens=4),
+            parse_truncated_turns=True,
+            env_workers=64,
+            env_timeout=1.0,
+        )
         wall = time.perf_counter() - started
     check_rows(rollouts)
     kinds = Counter(r.info.get("error_kind") for r in rollouts)
-    for seed, r in zip(seeds, rollouts):
+    for seed, r in zip(seeds, rollouts, strict=False):
         kind = r.info.get("error_kind")
         if kind == "server_error":  # a malformed answer (not retried), or a fault that outlived the retries
             assert "127.0.0.1" in r.error
         else:
             assert kind == expected_kind(seed, None), (seed, r.error)
-    print(f"\n[faults/vllm] 1000 episodes in {wall:.1f} s; proxy injected {dict(proxy.injected)} "
-          f"(forwarded {proxy.forwarded}); outcomes {dict(kinds)}")
+    print(
+        f"\n[faults/vllm] 1000 episodes in {wall:.1f} s; proxy injected {dict(proxy.injected)} "
+        f"(forwarded {proxy.forwarded}); outcomes {dict(kinds)}"
+    )
     assert 0 < kinds["server_error"] <= proxy.injected["malformed_output"] + 5
     assert sum(proxy.injected.values()) > 100
 
 
-def test_a_server_gone_mid_run_ends_the_rollout_with_errors_naming_the_url_in_bounded_time(vllm_server,
-                                                                                           vllm_tiny_model):
+def test_a_server_gone_mid_run_ends_the_rollout_with_errors_naming_the_url_in_bounded_time(
+    vllm_server, vllm_tiny_model
+):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(vllm_tiny_model)
@@ -159,8 +184,15 @@ def test_a_server_gone_mid_run_ends_the_rollout_with_errors_naming_the_url_in_bo
             return self, "more"
 
     started = time.perf_counter()
-    rollouts = batch_rollout([str(i) for i in range(5000, 5032)], Slow, ChatMLProcessor(), tokenizer, gen,
-                             budgets=Budgets(max_turns=30, max_new_tokens=4), parse_truncated_turns=True)
+    rollouts = batch_rollout(
+        [str(i) for i in range(5000, 5032)],
+        Slow,
+        ChatMLProcessor(),
+        tokenizer,
+        gen,
+        budgets=Budgets(max_turns=30, max_new_tokens=4),
+        parse_truncated_turns=True,
+    )
     assert time.perf_counter() - started < 30
     check_rows(rollouts)
     gone = [r for r in rollouts if r.info.get("error_kind") == "server_error"]
@@ -198,10 +230,22 @@ def test_trl_keeps_failed_rows_out_of_the_group_statistics_and_the_loss(tmp_path
         return outputs[-1]
 
     trainer = GRPOTrainer(
-        model=model, processing_class=tokenizer, reward_funcs=env_reward, rollout_func=rollout_func,
+        model=model,
+        processing_class=tokenizer,
+        reward_funcs=env_reward,
+        rollout_func=rollout_func,
         train_dataset=Dataset.from_dict({"prompt": [str(i) for i in range(100, 108)]}),
-        args=GRPOConfig(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=8, num_generations=4,
-                        max_completion_length=32, report_to=[], save_strategy="no", use_cpu=True, bf16=False),
+        args=GRPOConfig(
+            output_dir=str(tmp_path),
+            max_steps=1,
+            per_device_train_batch_size=8,
+            num_generations=4,
+            max_completion_length=32,
+            report_to=[],
+            save_strategy="no",
+            use_cpu=True,
+            bf16=False,
+        ),
     )
     original = trainer._generate_and_score_completions
     trainer._generate_and_score_completions = lambda inputs: batches.append(original(inputs)) or batches[-1]

@@ -9,7 +9,7 @@ from trl_env.processor import stop_token_ids
 def render_like_engine(processor, user_turns, assistant_turns):
     """Text the engine's token history decodes to: opening, then (model turn + appended user input) per turn."""
     text = processor.init_system_input(user_turns[0])
-    for reply, user in zip(assistant_turns, user_turns[1:]):
+    for reply, user in zip(assistant_turns, user_turns[1:], strict=False):
         text += reply + "<|im_end|>" + processor.append_user_input(user)
     return text
 

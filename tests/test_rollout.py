@@ -20,7 +20,6 @@ from trl_env import (
     Ending,
     EnvError,
     FinishReason,
-    Generation,
     ProcessorError,
     batch_rollout,
 )
@@ -59,14 +58,26 @@ episode_spec = st.tuples(st.integers(0, 6), st.lists(delta_text, min_size=1, max
     gen_seed=st.integers(0, 10_000),
 )
 def test_budgets_are_never_exceeded_and_every_request_is_the_trajectory_prefix(
-    tokenizer, specs, max_turns, max_new_tokens, max_completion_tokens, max_context, p_stop, parse_truncated_turns,
+    tokenizer,
+    specs,
+    max_turns,
+    max_new_tokens,
+    max_completion_tokens,
+    max_context,
+    p_stop,
+    parse_truncated_turns,
     gen_seed,
 ):
     budgets = Budgets(max_turns, max_new_tokens, max_completion_tokens, max_context)
     generator = scripted(tokenizer, seed=gen_seed, p_stop=p_stop)
     seeds = [seed_of(n, deltas) for n, deltas in specs]
     rollouts = batch_rollout(
-        seeds, ScriptedEnv, ChatMLProcessor(), tokenizer, generator, budgets=budgets,
+        seeds,
+        ScriptedEnv,
+        ChatMLProcessor(),
+        tokenizer,
+        generator,
+        budgets=budgets,
         parse_truncated_turns=parse_truncated_turns,
     )
     assert [r.seed for r in rollouts] == seeds
@@ -92,7 +103,8 @@ def test_each_episode_gets_a_fresh_env_and_a_group_shares_its_problem(tokenizer,
     seeds = [s for s in ["3", "7", "1"] for _ in range(4)]  # as TRL passes them: each repeated num_generations
     rollouts = batch_rollout(seeds, guess_env, ChatMLProcessor(), tokenizer, scripted(tokenizer), budgets=Budgets(3, 8))
     assert len(GuessEnv.instances) == len(seeds)
-    assert all(env.seeds == [seed] for env, seed in zip(sorted(GuessEnv.instances, key=lambda e: e.seeds), sorted(seeds)))
+    envs = sorted(GuessEnv.instances, key=lambda e: e.seeds)
+    assert all(env.seeds == [seed] for env, seed in zip(envs, sorted(seeds), strict=True))
     for group in range(3):
         members = rollouts[4 * group : 4 * group + 4]
         assert len({tuple(r.prompt_ids) for r in members}) == 1  # same problem text for every copy
@@ -108,8 +120,9 @@ def test_dead_at_reset_yields_one_masked_placeholder_token_and_no_reward(tokeniz
 
 def test_prompt_longer_than_the_context_is_a_truncated_episode_that_fits(tokenizer):
     budgets = Budgets(max_context=10)
-    [r] = batch_rollout([seed_of(3, ["word " * 50])], ScriptedEnv, ChatMLProcessor(), tokenizer, scripted(tokenizer),
-                        budgets=budgets)
+    [r] = batch_rollout(
+        [seed_of(3, ["word " * 50])], ScriptedEnv, ChatMLProcessor(), tokenizer, scripted(tokenizer), budgets=budgets
+    )
     assert r.ending is Ending.LENGTH and r.truncated and r.info["placeholder"] and r.info["prompt_too_long"] > 10
     assert len(r.prompt_ids) + len(r.completion_ids) == 10 and r.env_mask == [0]
 
@@ -117,8 +130,14 @@ def test_prompt_longer_than_the_context_is_a_truncated_episode_that_fits(tokeniz
 def test_a_delta_that_does_not_fit_ends_the_episode_before_it_is_appended(tokenizer):
     huge = "many tokens " * 40
     generator = scripted(tokenizer, p_stop=1.0)  # every turn is just the stop token
-    [r] = batch_rollout([seed_of(5, ["start", huge])], ScriptedEnv, ChatMLProcessor(), tokenizer, generator,
-                        budgets=Budgets(max_completion_tokens=60))
+    [r] = batch_rollout(
+        [seed_of(5, ["start", huge])],
+        ScriptedEnv,
+        ChatMLProcessor(),
+        tokenizer,
+        generator,
+        budgets=Budgets(max_completion_tokens=60),
+    )
     assert r.ending is Ending.LENGTH and r.info["delta_too_long"] > 60
     assert len(r.turns) == 1 and r.turns[0].num_env_tokens == 0 and r.turns[0].delta == huge
     assert r.completion_ids == [tokenizer.convert_tokens_to_ids(IM_END)]
@@ -131,8 +150,15 @@ def test_a_turn_cut_by_the_length_limit_is_not_an_action_unless_asked(tokenizer)
     assert r.ending is Ending.LENGTH and len(r.turns) == 1 and r.turns[0].action is None and r.turns[0].delta is None
 
     generator = scripted(tokenizer, p_stop=0.0)
-    [r] = batch_rollout(spec, ScriptedEnv, ChatMLProcessor(), tokenizer, generator,
-                        budgets=Budgets(max_new_tokens=5), parse_truncated_turns=True)
+    [r] = batch_rollout(
+        spec,
+        ScriptedEnv,
+        ChatMLProcessor(),
+        tokenizer,
+        generator,
+        budgets=Budgets(max_new_tokens=5),
+        parse_truncated_turns=True,
+    )
     assert r.ending is Ending.ENV_DONE and len(r.turns) == 4 and all(t.action is not None for t in r.turns)
     # the cut turn is closed by its end-of-turn marker, written as env text before the next user turn
     first_env = r.completion_ids[5 : 5 + r.turns[0].num_env_tokens]
@@ -159,8 +185,9 @@ def test_an_env_error_ends_only_its_episode_with_the_reason_recorded(tokenizer):
         return ScriptedEnv() if seeds_by_call.pop(0).startswith("{") else Exploding()
 
     seeds_by_call = list(seeds)
-    rollouts = batch_rollout(seeds, factory, ChatMLProcessor(), tokenizer, scripted(tokenizer, p_stop=1.0),
-                             env_workers=1)
+    rollouts = batch_rollout(
+        seeds, factory, ChatMLProcessor(), tokenizer, scripted(tokenizer, p_stop=1.0), env_workers=1
+    )
     assert [r.ending for r in rollouts] == [Ending.ENV_DONE, Ending.ERROR, Ending.ERROR, Ending.ENV_DONE]
     assert "KeyError" in rollouts[1].error and "no such level" in rollouts[1].error
     assert "ZeroDivisionError: env bug" in rollouts[2].error and len(rollouts[2].turns) == 1
@@ -294,10 +321,11 @@ class Hanging:
 def test_hung_envs_are_abandoned_at_their_timeout_and_the_rollout_returns(tokenizer):
     seeds = ["hang-reset", "ok", "hang-step", "ok"] * 3
     started = time.perf_counter()
-    rollouts = batch_rollout(seeds, Hanging, ChatMLProcessor(), tokenizer, scripted(tokenizer, p_stop=1.0),
-                             env_workers=2, env_timeout=0.3)
+    rollouts = batch_rollout(
+        seeds, Hanging, ChatMLProcessor(), tokenizer, scripted(tokenizer, p_stop=1.0), env_workers=2, env_timeout=0.3
+    )
     assert time.perf_counter() - started < 5  # 6 hung calls on 2 workers: each abandoned, its worker replaced
-    for seed, r in zip(seeds, rollouts):
+    for seed, r in zip(seeds, rollouts, strict=False):
         if seed.startswith("hang"):
             assert r.ending is Ending.ERROR and r.info["error_kind"] == "env_timeout" and r.reward is None
             assert f"Hanging.{seed.split('-')[1]} did not return within env_timeout=0.3 s" in r.error

@@ -24,8 +24,13 @@ def run(model, tokenizer, seeds, **sampling):
     torch.manual_seed(0)
     generator = SpyGenerator(TransformersGenerator(model, pad_token_id=tokenizer.pad_token_id, **sampling))
     rollouts = batch_rollout(
-        seeds, GuessEnv, ChatMLProcessor(), tokenizer, generator,
-        budgets=Budgets(max_turns=4, max_new_tokens=6, max_completion_tokens=200), parse_truncated_turns=True,
+        seeds,
+        GuessEnv,
+        ChatMLProcessor(),
+        tokenizer,
+        generator,
+        budgets=Budgets(max_turns=4, max_new_tokens=6, max_completion_tokens=200),
+        parse_truncated_turns=True,
     )
     return rollouts, generator
 
@@ -46,8 +51,9 @@ def test_logprobs_are_the_processed_ones_under_top_k(model, tokenizer, guess_env
     rollouts, _ = run(model, tokenizer, ["1", "2", "3", "4"], temperature=1.0, top_k=5)
     for r in rollouts:
         mask = torch.tensor(r.env_mask, dtype=torch.bool)
-        assert torch.allclose(torch.tensor(r.logprobs)[mask], recomputed_logprobs(model, r, 1.0, top_k=5)[mask],
-                              atol=1e-4, rtol=0)
+        assert torch.allclose(
+            torch.tensor(r.logprobs)[mask], recomputed_logprobs(model, r, 1.0, top_k=5)[mask], atol=1e-4, rtol=0
+        )
 
 
 def test_every_request_is_the_trajectory_prefix_on_a_real_model(model, tokenizer, guess_env):
@@ -62,7 +68,7 @@ def test_each_row_keeps_its_own_budget_and_stops_at_its_stop_id(model, tokenizer
     generator = TransformersGenerator(model, pad_token_id=tokenizer.pad_token_id)
     requests = [GenerationRequest(prompt, n, (stop,)) for n in (1, 3, 17)]
     results = [f.result() for f in generator.submit(requests)]
-    for request, result in zip(requests, results):
+    for request, result in zip(requests, results, strict=False):
         assert 1 <= len(result.token_ids) == len(result.logprobs) <= request.max_tokens
         assert (result.finish_reason is FinishReason.STOP) == (result.token_ids[-1] == stop)
         assert stop not in result.token_ids[:-1]

@@ -42,14 +42,21 @@ def test_grpo_trains_on_a_multi_turn_env_and_env_tokens_get_no_gradient(tmp_path
         return envs[-1]
 
     rollout_func = make_rollout_func(
-        factory, ChatMLProcessor(system_prompt="Answer briefly."), max_turns=4, max_new_tokens=6,
+        factory,
+        ChatMLProcessor(system_prompt="Answer briefly."),
+        max_turns=4,
+        max_new_tokens=6,
         parse_truncated_turns=True,
     )
     seeds = [f'{{"n": 5, "deltas": ["level {i}", "try again", " 42\\n"]}}' for i in range(8)]
     dataset = Dataset.from_dict({"prompt": seeds})
     trainer = GRPOTrainer(
-        model=model, reward_funcs=env_reward, args=grpo_config(tmp_path), train_dataset=dataset,
-        processing_class=tokenizer, rollout_func=rollout_func,
+        model=model,
+        reward_funcs=env_reward,
+        args=grpo_config(tmp_path),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        rollout_func=rollout_func,
     )
     captured = []
     original = trainer._generate_and_score_completions
@@ -64,7 +71,7 @@ def test_grpo_trains_on_a_multi_turn_env_and_env_tokens_get_no_gradient(tmp_path
     trainer.train()
 
     assert trainer.state.global_step == 2
-    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters())), "no weight changed"
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=False)), "no weight changed"
     logged = [h for h in trainer.state.log_history if "env/turns_mean" in h]
     assert logged and max(h["env/turns_mean"] for h in logged) >= 3, "episodes must run 3+ turns"
     assert len(envs) == 2 * 4  # a fresh env per episode
@@ -117,7 +124,7 @@ def test_rollout_func_returns_one_valid_row_per_prompt_in_order(model, tokenizer
     out = make_rollout_func(ScriptedEnv, ChatMLProcessor(), max_new_tokens=5, generator=gen)(prompts, Trainer())
     n = len(prompts)
     assert all(len(out[k]) == n for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "env_reward"))
-    for ids, lps, mask in zip(out["completion_ids"], out["logprobs"], out["env_mask"]):
+    for ids, lps, mask in zip(out["completion_ids"], out["logprobs"], out["env_mask"], strict=False):
         assert len(ids) == len(lps) == len(mask) >= 1 and len(ids) <= 40
         assert all(isinstance(x, float) and math.isfinite(x) for x in lps)
     assert out["env_ending"][:3] == [Ending.ENV_DONE.value] * 3 and out["env_reward"][:3] == [None] * 3
@@ -164,8 +171,12 @@ def test_system_prompt_option_replaces_the_processors_and_is_refused_when_imposs
 
 def test_conversational_prompts_use_the_last_user_message_as_seed():
     assert glue.prompt_to_seed("7") == "7"
-    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "first"},
-                {"role": "assistant", "content": "a"}, {"role": "user", "content": [{"type": "text", "text": "9"}]}]
+    messages = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "a"},
+        {"role": "user", "content": [{"type": "text", "text": "9"}]},
+    ]
     assert glue.prompt_to_seed(messages) == "9"
     with pytest.raises(ConfigError, match="no user message"):
         glue.prompt_to_seed([{"role": "system", "content": "s"}])

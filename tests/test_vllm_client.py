@@ -41,8 +41,9 @@ def models_get(url, timeout):
 
 def make(post, **kwargs):
     kwargs.setdefault("backoff", 0.001)
-    return VLLMServerGenerator(kwargs.pop("urls", "http://127.0.0.1:1"), post=post, get=kwargs.pop("get", models_get),
-                               **kwargs)
+    return VLLMServerGenerator(
+        kwargs.pop("urls", "http://127.0.0.1:1"), post=post, get=kwargs.pop("get", models_get), **kwargs
+    )
 
 
 def request(max_tokens=8):
@@ -68,8 +69,14 @@ def test_request_body_carries_ids_budget_stops_and_sampling_and_answers_are_used
 
 @pytest.mark.parametrize(
     "payload",
-    [{"choices": []}, {"choices": [{"text": "hi", "finish_reason": "stop"}]}, completion([1, 2], [-0.1]),
-     completion([], []), completion([1] * 9), completion([1], finish="abort")],
+    [
+        {"choices": []},
+        {"choices": [{"text": "hi", "finish_reason": "stop"}]},
+        completion([1, 2], [-0.1]),
+        completion([], []),
+        completion([1] * 9),
+        completion([1], finish="abort"),
+    ],
 )
 def test_malformed_answers_are_server_errors_not_data(payload):
     gen = make(lambda url, json, timeout: Response(payload=payload))

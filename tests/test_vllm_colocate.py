@@ -37,8 +37,9 @@ class FakeLLM:
             ids = [7] * (n - 1) + [self.stop_id] if n == self.reply_len else [7] * n
             logprobs = [{t: SimpleNamespace(logprob=-0.25 * (i + 1))} for i, t in enumerate(ids)]
             finish = "stop" if ids[-1] == self.stop_id else "length"
-            outputs.append(SimpleNamespace(outputs=[SimpleNamespace(token_ids=ids, logprobs=logprobs,
-                                                                      finish_reason=finish)]))
+            outputs.append(
+                SimpleNamespace(outputs=[SimpleNamespace(token_ids=ids, logprobs=logprobs, finish_reason=finish)])
+            )
         return outputs
 
     def wake_up(self, tags):

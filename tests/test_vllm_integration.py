@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import requests
 import torch
 from helpers import ScriptedEnv, assert_token_exact
@@ -46,8 +45,15 @@ def test_every_request_the_server_sees_is_the_trajectory_prefix(vllm_server, vll
     gen = VLLMServerGenerator(vllm_server.base_url, post=recorder, temperature=1.0)
     deltas = [" leading space", "line\nbreak", "日本 → é", "42 + 17", "higher"]
     seeds = [json.dumps({"n": 4, "deltas": deltas[i % 5 :] + deltas[: i % 5]}) for i in range(40)]
-    rollouts = batch_rollout(seeds, ScriptedEnv, ChatMLProcessor(), tokenizer, gen,
-                             budgets=Budgets(max_turns=4, max_new_tokens=8), parse_truncated_turns=True)
+    rollouts = batch_rollout(
+        seeds,
+        ScriptedEnv,
+        ChatMLProcessor(),
+        tokenizer,
+        gen,
+        budgets=Budgets(max_turns=4, max_new_tokens=8),
+        parse_truncated_turns=True,
+    )
     assert gen.context_limit == 1024
     assert len(rollouts) == 40 and all(len(r.turns) >= 3 for r in rollouts), [r.error for r in rollouts]
     requests_, outputs = [], []
@@ -72,9 +78,15 @@ def test_grpo_with_lora_hot_sync_samples_each_step_from_that_steps_adapter(vllm_
 
     tokenizer = AutoTokenizer.from_pretrained(vllm_tiny_model)
     model = AutoModelForCausalLM.from_pretrained(vllm_tiny_model, dtype=torch.float32)
-    inner = make_rollout_func(ScriptedEnv, ChatMLProcessor(), max_turns=3, max_new_tokens=6,
-                              parse_truncated_turns=True, base_url=vllm_server.base_url,
-                              lora_sync=tmp_path / "adapters")
+    inner = make_rollout_func(
+        ScriptedEnv,
+        ChatMLProcessor(),
+        max_turns=3,
+        max_new_tokens=6,
+        parse_truncated_turns=True,
+        base_url=vllm_server.base_url,
+        lora_sync=tmp_path / "adapters",
+    )
     checks = []
 
     def rollout_func(prompts, trainer):
@@ -83,7 +95,8 @@ def test_grpo_with_lora_hot_sync_samples_each_step_from_that_steps_adapter(vllm_
         was_training = peft_model.training
         peft_model.eval()
         adapter_gap, base_gap = 0.0, 0.0
-        for p, c, lp, m in zip(out["prompt_ids"], out["completion_ids"], out["logprobs"], out["env_mask"]):
+        rows = zip(out["prompt_ids"], out["completion_ids"], out["logprobs"], out["env_mask"], strict=True)
+        for p, c, lp, m in rows:
             mask = torch.tensor(m, dtype=torch.bool)
             served = torch.tensor(lp)[mask]
             adapter_gap = max(adapter_gap, (served - recomputed(peft_model, p, c)[mask]).abs().max().item())
@@ -95,12 +108,26 @@ def test_grpo_with_lora_hot_sync_samples_each_step_from_that_steps_adapter(vllm_
 
     seeds = [json.dumps({"n": 3, "deltas": [f"level {i}", "again", " 7"]}) for i in range(8)]
     trainer = GRPOTrainer(
-        model=model, processing_class=tokenizer, reward_funcs=lambda completions, env_reward, **kw: env_reward,
-        train_dataset=Dataset.from_dict({"prompt": seeds}), rollout_func=rollout_func,
+        model=model,
+        processing_class=tokenizer,
+        reward_funcs=lambda completions, env_reward, **kw: env_reward,
+        train_dataset=Dataset.from_dict({"prompt": seeds}),
+        rollout_func=rollout_func,
         peft_config=LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], lora_dropout=0.0),
-        args=GRPOConfig(output_dir=str(tmp_path / "out"), max_steps=3, per_device_train_batch_size=4,
-                        num_generations=4, learning_rate=5e-2, max_completion_length=48, report_to=[],
-                        save_strategy="no", use_cpu=True, bf16=False, use_vllm=False, logging_steps=1),
+        args=GRPOConfig(
+            output_dir=str(tmp_path / "out"),
+            max_steps=3,
+            per_device_train_batch_size=4,
+            num_generations=4,
+            learning_rate=5e-2,
+            max_completion_length=48,
+            report_to=[],
+            save_strategy="no",
+            use_cpu=True,
+            bf16=False,
+            use_vllm=False,
+            logging_steps=1,
+        ),
     )
     trainer.train()
     print("step, max |served - adapter recompute|, max |served - base|:", checks)

@@ -108,7 +108,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         transcripts=transcripts,
     )
     trainer = GRPOTrainer(
-        model=model, reward_funcs=env_reward, args=config, train_dataset=dataset, processing_class=tokenizer,
+        model=model,
+        reward_funcs=env_reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
         rollout_func=rollout_func,
     )
     started = time.perf_counter()
@@ -119,8 +123,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     k = max(1, len(rewards) // 4)
     summary = {"first_mean": sum(rewards[:k]) / k, "last_mean": sum(rewards[-k:]) / k, "wall_s": wall}
     print(f"[guess_number] reward per step: {[round(r, 3) for r in rewards]}")
-    print(f"[guess_number] first {k} steps {summary['first_mean']:.3f} -> last {k} steps {summary['last_mean']:.3f}"
-          f" in {wall:.0f} s; transcripts: {transcripts}")
+    print(
+        f"[guess_number] first {k} steps {summary['first_mean']:.3f} -> last {k} steps {summary['last_mean']:.3f}"
+        f" in {wall:.0f} s; transcripts: {transcripts}"
+    )
     with open(os.path.join(args.out, f"rewards_seed{args.seed}.json"), "w") as f:
         json.dump({"rewards": rewards, **summary}, f)
     _plot(rewards, os.path.join(args.out, f"reward_seed{args.seed}.png"))
