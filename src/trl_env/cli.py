@@ -1,4 +1,7 @@
-"""The ``trl-env`` command: one subcommand per function (``additivity``; others register the same way).
+"""The ``trl-env`` command: one subcommand per function (``additivity``, ``eval``).
+
+``trl-env eval --env FILE.py:EnvClass --processor NAME (--base-url URL | --model PATH) --n 64``
+runs episodes without training and writes a summary and transcripts (see ``trl_env.evaluate``).
 
 ``trl-env additivity --tokenizer PATH_OR_NAME --processor NAME [--n 300]`` measures tokenizer
 additivity and template drift (see ``trl_env.additivity``); ``--offline`` prints the table for
@@ -80,6 +83,70 @@ def additivity(args: argparse.Namespace) -> int:
     return 1 if failed and args.strict else 0
 
 
+def evaluate_command(args: argparse.Namespace) -> int:
+    """Run ``trl-env eval``; returns the exit status."""
+    from trl_env.errors import ConfigError
+    from trl_env.evaluate import evaluate, load_env_factory
+    from trl_env.processors import get_processor
+    from trl_env.trajectory import Budgets
+
+    try:
+        env_factory = load_env_factory(args.env)
+        processor = get_processor(args.processor, system_prompt=args.system_prompt)
+        seeds = _seeds(args)
+        tokenizer, generator = _generator(args)
+    except ConfigError as e:
+        print(f"trl-env eval: {e}", file=sys.stderr)
+        return 2
+    budgets = Budgets(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
+                      max_completion_tokens=args.max_completion_tokens,
+                      max_context=getattr(generator, "context_limit", None))  # fmt: skip
+    summary, _ = evaluate(seeds, env_factory, processor, tokenizer, generator, budgets=budgets,
+                          parse_truncated_turns=args.parse_truncated_turns, out_dir=args.out,
+                          success_threshold=args.success_threshold)  # fmt: skip
+    print(summary.table())
+    if args.out:
+        print(f"transcripts: {args.out}/transcripts.jsonl, {args.out}/transcripts.md")
+    return 0
+
+
+def _seeds(args: argparse.Namespace) -> list[str]:
+    from trl_env.errors import ConfigError
+
+    if args.seeds_file:
+        with open(args.seeds_file, encoding="utf-8") as f:
+            return [line.rstrip("\n") for line in f if line.strip()]
+    if args.seeds:
+        return args.seeds.split(",")
+    if args.n < 1:
+        raise ConfigError(f"--n {args.n}: give a positive number of episodes, --seeds or --seeds-file.")
+    return [args.seed_format.format(i=i) for i in range(args.n)]
+
+
+def _generator(args: argparse.Namespace) -> tuple[object, object]:
+    from transformers import AutoTokenizer
+
+    from trl_env.errors import ConfigError
+
+    if args.base_url:
+        from trl_env.backends.vllm_server import VLLMServerGenerator
+
+        generator = VLLMServerGenerator(args.base_url, temperature=args.temperature)
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or generator.served_model)
+        return tokenizer, generator
+    if args.model:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from trl_env.backends.transformers import TransformersGenerator
+
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        return tokenizer, TransformersGenerator(model, pad_token_id=pad, temperature=args.temperature)
+    raise ConfigError("give --base-url URL (a vLLM/OpenAI-compatible server) or --model PATH (a local model).")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``trl-env`` argument parser with its subcommands."""
     parser = argparse.ArgumentParser(prog="trl-env", description="Tools for trl-env.")
@@ -100,6 +167,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--offline", action="store_true", help="the table for every offline tokenizer that is installed")
     p.add_argument("--strict", action="store_true", help="exit 1 on an env join or increment mismatch")
     p.set_defaults(run=additivity)
+
+    e = commands.add_parser(
+        "eval",
+        help="run an env + processor against a server or a local model, without training",
+        description="Run one episode per seed; print a summary table; write JSONL and markdown transcripts.",
+    )
+    e.add_argument("--env", required=True, help="'module.path:EnvClass' or 'path/to/file.py:EnvClass'")
+    e.add_argument("--processor", default="chatml", help="a registry name (trl_env.processors.PROCESSORS)")
+    e.add_argument("--system-prompt", default=None)
+    e.add_argument("--base-url", default=None, help="a vLLM (OpenAI-compatible) server, e.g. http://127.0.0.1:8000")
+    e.add_argument("--model", default=None, help="a local model folder or hub id, run in process")
+    e.add_argument("--tokenizer", default=None, help="default: the server's model, or --model")
+    e.add_argument("--n", type=int, default=32, help="episodes, with seeds from --seed-format (default 32)")
+    e.add_argument("--seed-format", default="{i}", help="seed of episode i, e.g. 'game-{i}' (default '{i}')")
+    e.add_argument("--seeds", default=None, help="comma-separated seeds (overrides --n)")
+    e.add_argument("--seeds-file", default=None, help="one seed per line (overrides --n)")
+    e.add_argument("--max-turns", type=int, default=8)
+    e.add_argument("--max-new-tokens", type=int, default=256)
+    e.add_argument("--max-completion-tokens", type=int, default=2048)
+    e.add_argument("--temperature", type=float, default=1.0)
+    e.add_argument("--parse-truncated-turns", action="store_true")
+    e.add_argument("--success-threshold", type=float, default=1.0, help="reward that counts as a success")
+    e.add_argument("--out", default=None, help="folder for summary.md, transcripts.jsonl, transcripts.md")
+    e.set_defaults(run=evaluate_command)
     return parser
 
 

@@ -79,6 +79,7 @@ def batch_rollout(
     strict: bool = False,
     env_workers: int = 16,
     env_timeout: float | None = 300.0,
+    on_episode_end: Callable[[int], None] | None = None,
 ) -> list[Rollout]:
     """Run one episode per seed, each with a fresh env from ``env_factory()``, and return them in order.
 
@@ -99,6 +100,8 @@ def batch_rollout(
         env_workers: threads running ``env_factory``, ``reset`` and ``step``.
         env_timeout: seconds one env call may run before its episode is abandoned as an error
             (``EnvTimeoutError``); ``None`` waits forever.
+        on_episode_end: called with an episode's index as it ends (on the scheduler thread), e.g. for a
+            progress bar.
 
     Returns:
         One ``Rollout`` per seed, in the order of ``seeds``.
@@ -119,7 +122,16 @@ def batch_rollout(
     if env_timeout is not None and not env_timeout > 0:
         raise ConfigError(f"env_timeout={env_timeout!r}: it must be > 0 seconds, or None to wait forever.")
     engine = _Engine(
-        env_factory, processor, tokenizer, generator, budgets, stops, parse_truncated_turns, strict, env_timeout
+        env_factory,
+        processor,
+        tokenizer,
+        generator,
+        budgets,
+        stops,
+        parse_truncated_turns,
+        strict,
+        env_timeout,
+        on_episode_end,
     )
     return engine.run([_Episode(i, str(seed)) for i, seed in enumerate(seeds)], env_workers)
 
@@ -135,6 +147,7 @@ class _Engine:
     parse_truncated_turns: bool
     strict: bool
     env_timeout: float | None
+    on_episode_end: Callable[[int], None] | None = None
 
     def run(self, episodes: list[_Episode], env_workers: int) -> list[Rollout]:
         workers = Workers(env_workers)
@@ -244,10 +257,10 @@ class _Engine:
             ep.prompt_ids = self._encode(text)
             if not ep.env.alive:
                 ep.info["dead_at_reset"] = True
-                ep.finish(Ending.ENV_DONE)
+                self._end(ep, Ending.ENV_DONE)
             elif self._room(ep) < 1:
                 ep.info["prompt_too_long"] = len(ep.prompt_ids)
-                ep.finish(Ending.LENGTH)
+                self._end(ep, Ending.LENGTH)
             return ep.ending is None
         ep.env = result.pop("env")
         text = result.pop("next_text")
@@ -256,10 +269,10 @@ class _Engine:
         if text is not None and self._room(ep, extra=len(env_ids)) < 1:
             ep.info["delta_too_long"] = len(env_ids)  # appending it would overshoot: stop before it
             env_ids, text = [], None
-            ep.finish(Ending.LENGTH)
+            self._end(ep, Ending.LENGTH)
         self._close_turn(ep, env_ids)
         if text is None and ep.ending is None:
-            ep.finish(Ending.ENV_DONE if not ep.env.alive else Ending.MAX_TURNS)
+            self._end(ep, Ending.ENV_DONE if not ep.env.alive else Ending.MAX_TURNS)
         return ep.ending is None
 
     def _on_generation(self, ep: _Episode, future: Future[Generation]) -> bool:
@@ -287,7 +300,7 @@ class _Engine:
         )
         if generation.finish_reason is FinishReason.LENGTH and not self.parse_truncated_turns:
             self._close_turn(ep, [])
-            ep.finish(Ending.LENGTH)
+            self._end(ep, Ending.LENGTH)
             return False
         return True
 
@@ -345,7 +358,12 @@ class _Engine:
         tail = "".join(traceback.format_exception(type(error), error, error.__traceback__)[-3:])
         if ep.pending:  # keep the sampled turn that was being processed
             self._close_turn(ep, [])
-        ep.finish(Ending.ERROR, f"{type(error).__name__}: {error}\n{tail}")
+        self._end(ep, Ending.ERROR, f"{type(error).__name__}: {error}\n{tail}")
+
+    def _end(self, ep: _Episode, ending: Ending, error: str = "") -> None:
+        ep.finish(ending, error)
+        if self.on_episode_end is not None:
+            self.on_episode_end(ep.index)
 
     def _to_rollout(self, ep: _Episode) -> Rollout:
         assert ep.ending is not None, "every episode ends"

@@ -1,0 +1,66 @@
+"""`trl-env eval`: a local model and a real vLLM server, summary figures, JSONL and markdown transcripts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trl_env import Ending, Rollout
+from trl_env.backends.base import FinishReason
+from trl_env.cli import main
+from trl_env.evaluate import summarize
+from trl_env.testing import save_tiny_model
+from trl_env.trajectory import Turn
+
+GUESS = "experiment/examples/guess_number.py:GuessNumberEnv"
+
+
+def run_eval(tmp_path, *source, n=12):
+    out = tmp_path / "eval"
+    status = main(["eval", "--env", GUESS, *source, "--n", str(n), "--seed-format", "game-{i}", "--max-turns", "3",
+                   "--max-new-tokens", "6", "--parse-truncated-turns", "--out", str(out)])  # fmt: skip
+    return status, out
+
+
+def check_outputs(out, n):
+    lines = [json.loads(line) for line in (out / "transcripts.jsonl").read_text().splitlines()]
+    assert len(lines) == n and {line["seed"] for line in lines} == {f"game-{i}" for i in range(n)}
+    assert all(line["turns"] and line["conversation"] for line in lines)
+    markdown = (out / "transcripts.md").read_text()
+    assert markdown.count("## Episode") == n and "turn 1 · model" in markdown and "turn 1 · env" in markdown
+    assert "| mean_reward |" in (out / "summary.md").read_text()
+
+
+def test_eval_with_a_local_model_writes_a_summary_and_transcripts(tmp_path, capsys):
+    model_dir = save_tiny_model(tmp_path / "tiny")
+    status, out = run_eval(tmp_path, "--model", str(model_dir))
+    assert status == 0
+    printed = capsys.readouterr().out
+    assert "| episodes | 12 |" in printed and "| error_rate | 0 |" in printed
+    check_outputs(out, 12)
+
+
+def test_eval_against_a_real_vllm_server(tmp_path, vllm_server):
+    status, out = run_eval(tmp_path, "--base-url", vllm_server.base_url, n=16)
+    assert status == 0
+    check_outputs(out, 16)
+
+
+def test_eval_refuses_bad_arguments_with_a_message(tmp_path, capsys):
+    assert main(["eval", "--env", "no_colon_here"]) == 2
+    assert "expected 'module.path:EnvClass'" in capsys.readouterr().err
+    assert main(["eval", "--env", GUESS]) == 2
+    assert "--base-url URL" in capsys.readouterr().err
+
+
+def test_summary_figures():
+    def rollout(reward, ending, turns=1):
+        turn = Turn("t", "", "a", "d", reward, FinishReason.STOP, 2, 1, 0.0, 0.0)
+        return Rollout("s", [1], [5, 6, 7], [0.0] * 3, [1, 1, 0], (turn,) * turns, reward, ending)
+
+    s = summarize([rollout(1.0, Ending.ENV_DONE, 2), rollout(0.0, Ending.MAX_TURNS), rollout(None, Ending.ERROR)],
+                  wall_s=1.0)  # fmt: skip
+    assert s.mean_reward == 0.5 and s.success_rate == pytest.approx(1 / 3) and s.error_rate == pytest.approx(1 / 3)
+    assert s.truncation_rate == pytest.approx(1 / 3) and s.mean_turns == pytest.approx(4 / 3)
+    assert s.mean_model_tokens == 2 and s.mean_completion_tokens == 3
