@@ -78,3 +78,19 @@ class ServerError(TrlEnvError, RuntimeError):
         """HTTP status, if any."""
         self.body = body[:2000]
         """Start of the response body."""
+
+
+ERROR_KINDS = ("env_exception", "env_bad_return", "env_timeout", "processor_error", "server_error")
+
+
+def error_kind(error: BaseException) -> str:
+    """The failure class of an episode error, as counted in the logged metrics."""
+    if isinstance(error, EnvTimeoutError):
+        return "env_timeout"
+    if isinstance(error, EnvError):
+        return "env_bad_return"
+    if isinstance(error, ProcessorError):
+        return "processor_error"
+    if isinstance(error, ServerError):
+        return "server_error"
+    return "env_exception"

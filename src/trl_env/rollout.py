@@ -9,20 +9,28 @@ Axis suffixes: ``_B`` = episodes in the batch (used only where lists nest).
 
 from __future__ import annotations
 
-import math
+import queue
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 from trl_env.backends.base import FinishReason, Generation, GenerationRequest, Generator
 from trl_env.env import Env, Seed, check_result
-from trl_env.errors import ConfigError, EnvError, EnvTimeoutError, ProcessorError, ServerError, TrlEnvError
+from trl_env.errors import (
+    ConfigError,
+    EnvError,
+    EnvTimeoutError,
+    ProcessorError,
+    ServerError,
+    TrlEnvError,
+    error_kind,
+)
 from trl_env.processor import check_processor, stop_token_ids
 from trl_env.trajectory import Budgets, Ending, Rollout, Turn
-from trl_env.workers import Workers
+from trl_env.workers import Workers, drain
 
 
 class _Episode:
@@ -49,22 +57,6 @@ class _Episode:
 
 def _name(obj: object) -> str:
     return str(getattr(obj, "__qualname__", type(obj).__name__))
-
-
-ERROR_KINDS = ("env_exception", "env_bad_return", "env_timeout", "processor_error", "server_error")
-
-
-def error_kind(error: BaseException) -> str:
-    """The failure class of an episode error, as counted in the logged metrics."""
-    if isinstance(error, EnvTimeoutError):
-        return "env_timeout"
-    if isinstance(error, EnvError):
-        return "env_bad_return"
-    if isinstance(error, ProcessorError):
-        return "processor_error"
-    if isinstance(error, ServerError):
-        return "server_error"
-    return "env_exception"
 
 
 def batch_rollout(
@@ -149,50 +141,49 @@ class _Engine:
     env_timeout: float | None
     on_episode_end: Callable[[int], None] | None = None
 
+    def __post_init__(self) -> None:
+        # Text that closes a turn cut by the length limit: the end-of-turn token (decoded once, here).
+        self.closer = str(self.tokenizer.decode([self.stops[0]], skip_special_tokens=False))
+
     def run(self, episodes: list[_Episode], env_workers: int) -> list[Rollout]:
         workers = Workers(env_workers)
-        env_calls: dict[Future[Any], _Episode] = {workers.submit(self._reset, ep.index, ep.seed): ep for ep in episodes}
+        done: queue.SimpleQueue[Future[Any]] = queue.SimpleQueue()  # every future lands here once, when done
+        env_calls: dict[Future[Any], _Episode] = {}
         generations: dict[Future[Generation], _Episode] = {}
+
+        def track(calls: dict[Any, _Episode], future: Future[Any], ep: _Episode) -> None:
+            calls[future] = ep
+            future.add_done_callback(done.put)
+
+        for ep in episodes:
+            track(env_calls, workers.submit(self._reset, ep.index, ep.seed), ep)
         ready: list[_Episode] = []
         try:
             while env_calls or generations or ready:
                 # A wave backend batches every running episode, so it waits for all of them.
                 if ready and (self.generator.continuous or not (env_calls or generations)):
                     now = time.perf_counter()
-                    requests = []
                     for ep in ready:
                         ep.submitted_at = now
-                        requests.append(self._request(ep))
-                    for ep, future in zip(ready, self.generator.submit(requests), strict=True):
-                        generations[future] = ep
+                    for ep, future in zip(
+                        ready, self.generator.submit([self._request(ep) for ep in ready]), strict=True
+                    ):
+                        track(generations, future, ep)
                     ready = []
-                done, _ = wait([*env_calls, *generations], timeout=self._poll(workers), return_when=FIRST_COMPLETED)
-                for future in done:
+                    continue
+                for future in drain(done, timeout=self._poll(workers)):
                     if future in generations:
                         ep = generations.pop(future)
                         if self._on_generation(ep, future):
                             call = workers.submit(self._step, ep.index, ep.env, ep.pending, len(ep.turns) + 1)
-                            env_calls[call] = ep
-                    else:
+                            track(env_calls, call, ep)
+                    elif future in env_calls:  # else: an abandoned call that returned late
                         ep = env_calls.pop(future)
                         if self._on_env_result(ep, future):
                             ready.append(ep)
                 for future in self._overdue(workers, env_calls):
-                    ep = env_calls.pop(future)
                     workers.abandon(future)
-                    method = "step" if ep.pending else "reset"
-                    owner = type(ep.env).__name__ if ep.env is not None else _name(self.env_factory)
-                    name = f"{owner}.{method}"
-                    self._fail(
-                        ep,
-                        EnvTimeoutError(
-                            f"{name} did not return within env_timeout={self.env_timeout} s; the episode was abandoned "
-                            "(its thread is left behind). Raise env_timeout if the env is just slow.",
-                            env_index=ep.index,
-                            turn=len(ep.turns) + (1 if ep.pending else 0),
-                            method=method,
-                        ),
-                    )
+                    self._time_out(env_calls.pop(future))
         finally:
             workers.close()
         return [self._to_rollout(ep) for ep in episodes]
@@ -201,16 +192,29 @@ class _Engine:
         """How long the scheduler may sleep before an env call can be overdue."""
         if self.env_timeout is None:
             return None
-        started = list(workers.started_at.values())
+        started = list(dict(workers.started_at).values())  # a copy: worker threads update it
         if not started:
             return min(0.1, self.env_timeout)
         return max(0.0, min(started) + self.env_timeout - time.monotonic()) + 0.001
 
     def _overdue(self, workers: Workers, env_calls: dict[Future[Any], _Episode]) -> list[Future[Any]]:
+        """Env calls running past ``env_timeout`` (only running calls are timed, at most ``env_workers``)."""
         if self.env_timeout is None:
             return []
         limit = time.monotonic() - self.env_timeout
-        return [f for f in env_calls if not f.done() and workers.started_at.get(f, math.inf) < limit]
+        return [f for f, t in dict(workers.started_at).items() if t < limit and f in env_calls and not f.done()]
+
+    def _time_out(self, ep: _Episode) -> None:
+        method = "step" if ep.pending else "reset"
+        owner = type(ep.env).__name__ if ep.env is not None else _name(self.env_factory)
+        error = EnvTimeoutError(
+            f"{owner}.{method} did not return within env_timeout={self.env_timeout} s; the episode was abandoned "
+            "(its thread is left behind). Raise env_timeout if the env is just slow.",
+            env_index=ep.index,
+            turn=len(ep.turns) + (1 if ep.pending else 0),
+            method=method,
+        )
+        self._fail(ep, error)
 
     # -- worker threads: user code only; they return values and never touch an episode ------------
 
@@ -342,7 +346,7 @@ class _Engine:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _closer(self) -> str:
-        return str(self.tokenizer.decode([self.stops[0]], skip_special_tokens=False))
+        return self.closer
 
     def _fail(self, ep: _Episode, error: BaseException) -> None:
         if self.strict:

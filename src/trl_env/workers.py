@@ -60,3 +60,16 @@ class Workers:
                 future.set_exception(e)
             finally:
                 self.started_at.pop(future, None)
+
+
+def drain(done: queue.SimpleQueue[Future[Any]], timeout: float | None) -> list[Future[Any]]:
+    """Wait for one finished future (or the timeout), then take every other one already finished."""
+    try:
+        batch = [done.get(timeout=timeout)]
+    except queue.Empty:
+        return []
+    while True:
+        try:
+            batch.append(done.get_nowait())
+        except queue.Empty:
+            return batch
