@@ -158,7 +158,9 @@ def test_1000_episodes_with_injected_faults_against_the_real_vllm_server(vllm_se
         f"\n[faults/vllm] 1000 episodes in {wall:.1f} s; proxy injected {dict(proxy.injected)} "
         f"(forwarded {proxy.forwarded}); outcomes {dict(kinds)}"
     )
-    assert 0 < kinds["server_error"] <= proxy.injected["malformed_output"] + 5
+    malformed = sum("without usable token_ids" in r.error for r in rollouts)
+    outlived = sum("failed 3 times" in r.error for r in rollouts)  # 3 faults in a row on one request
+    assert 0 < malformed <= proxy.injected["malformed_output"] and malformed + outlived == kinds["server_error"]
     assert sum(proxy.injected.values()) > 100
 
 

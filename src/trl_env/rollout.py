@@ -372,8 +372,8 @@ class _Engine:
     def _to_rollout(self, ep: _Episode) -> Rollout:
         assert ep.ending is not None, "every episode ends"
         # No reward without a model turn (it would only shift the group's baseline) or after a failure.
-        scored = ep.env is not None and ep.ending is not Ending.ERROR and bool(ep.turns)
-        reward = float(ep.env.reward) if scored else None
+        scored = ep.ending is not Ending.ERROR and bool(ep.turns)
+        reward = float(ep.env.reward) if scored and ep.env is not None else None
         prompt_ids, completion_ids, logprobs, env_mask = ep.prompt_ids, ep.completion_ids, ep.logprobs, ep.env_mask
         if not completion_ids:
             # TRL needs a non-empty completion: one masked stand-in token (the end-of-turn id), flagged.
