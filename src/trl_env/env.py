@@ -25,7 +25,8 @@ class Env(Protocol):
     and the first observation text. ``step(action)`` applies the model's action and returns the
     env and the observation text for the next turn. After each call, ``reward`` is the episode's
     reward so far (the engine reports the value after the last step as the episode reward) and
-    ``alive`` says whether the episode goes on.
+    ``alive`` says whether the episode goes on. An env may also have a ``close()`` method: the engine
+    calls it (on a worker thread) once its episode has ended, however it ended.
 
     Example::
 

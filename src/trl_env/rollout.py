@@ -146,7 +146,7 @@ class _Engine:
         self.closer = str(self.tokenizer.decode([self.stops[0]], skip_special_tokens=False))
 
     def run(self, episodes: list[_Episode], env_workers: int) -> list[Rollout]:
-        workers = Workers(env_workers)
+        workers = self._workers = Workers(env_workers)
         done: queue.SimpleQueue[Future[Any]] = queue.SimpleQueue()  # every future lands here once, when done
         env_calls: dict[Future[Any], _Episode] = {}
         generations: dict[Future[Generation], _Episode] = {}
@@ -360,12 +360,16 @@ class _Engine:
             ) from error
         ep.info["error_kind"] = error_kind(error)
         tail = "".join(traceback.format_exception(type(error), error, error.__traceback__)[-3:])
+        error.__traceback__ = None  # its frames hold the whole batch (and every env) in a reference cycle
         if ep.pending:  # keep the sampled turn that was being processed
             self._close_turn(ep, [])
         self._end(ep, Ending.ERROR, f"{type(error).__name__}: {error}\n{tail}")
 
     def _end(self, ep: _Episode, ending: Ending, error: str = "") -> None:
         ep.finish(ending, error)
+        close = getattr(ep.env, "close", None)
+        if callable(close):  # an optional hook: give back sessions, files
+            self._workers.submit(close)  # on a worker: a slow close must not hold the scheduler
         if self.on_episode_end is not None:
             self.on_episode_end(ep.index)
 
