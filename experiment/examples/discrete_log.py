@@ -17,15 +17,14 @@ Run:      python experiment/examples/discrete_log.py --model tiny --steps 2     
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import random
 import re
 import sys
-import time
 
-from trl_env import Action, ChatMLProcessor, Delta, Env, Seed, env_reward, make_rollout_func
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # experiment/
+
+from trl_env import Action, ChatMLProcessor, Delta, Env, Seed
 from trl_env.sandbox import Sandbox, SandboxResult, SandboxStatus
 
 PRIMES = [n for n in range(101, 1000) if all(n % d for d in range(2, int(n**0.5) + 1))]  # p is drawn from these
@@ -109,76 +108,22 @@ class DiscreteLogEnv(Env):
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2", help="'smollm2' (offline default), 'tiny', or a path/hub id")
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="outputs/discrete_log")
-    parser.add_argument("--vllm-server", default=None, help="URL of a `trl vllm-serve` server (GPU recipe)")
-    args = parser.parse_args(argv)
+    from training import example_parser, train  # experiment/training.py: the shared GRPO run and its report
 
-    import torch
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
-
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-    from models import load_model_and_tokenizer  # experiment/models.py: offline SmolLM2, tiny model, any path
-
-    gpu = args.vllm_server is not None
+    args = example_parser(__doc__, name="discrete_log", steps=30).parse_args(argv)
     smoke = args.model == "tiny"  # a random model: short turns keep the smoke run to seconds
-    if not gpu:
-        torch.set_num_threads(max(1, os.cpu_count() or 1))
-    model, tokenizer = load_model_and_tokenizer(args.model, AutoModelForCausalLM, AutoTokenizer)
-    os.makedirs(args.out, exist_ok=True)
-    transcripts = os.path.join(args.out, f"transcripts_seed{args.seed}.jsonl")
-    if os.path.exists(transcripts):
-        os.remove(transcripts)
-    config = GRPOConfig(
-        output_dir=args.out,
-        max_steps=args.steps,
-        per_device_train_batch_size=8,
-        num_generations=4,
+    return train(
+        "discrete_log",
+        args,
+        DiscreteLogEnv,
+        ChatMLProcessor(system_prompt=SYSTEM_PROMPT),
+        seed_format="dlog-{i}",
         max_completion_length=96 if smoke else 512,
-        learning_rate=1e-3 if args.model == "tiny" else 1e-5,
-        temperature=1.0,
-        beta=0.0,
-        logging_steps=1,
-        report_to=[],
-        save_strategy="no",
-        seed=args.seed,
-        data_seed=args.seed,
-        use_cpu=not gpu,
-        bf16=gpu,  # float32 on CPU: exact logprobs
-        use_vllm=gpu,
-        vllm_mode="server",
-        vllm_server_base_url=args.vllm_server,
+        learning_rate=1e-5,
+        max_turns=MAX_TURNS,
+        max_new_tokens=24 if smoke else 160,
+        parse_truncated_turns=True,  # a cut turn still runs its (unclosed) code block
     )
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=env_reward,
-        args=config,
-        train_dataset=Dataset.from_dict({"prompt": [f"dlog-{i}" for i in range(1000)]}),  # prompts are env seeds
-        processing_class=tokenizer,
-        rollout_func=make_rollout_func(
-            DiscreteLogEnv,
-            ChatMLProcessor(system_prompt=SYSTEM_PROMPT),
-            max_turns=MAX_TURNS,
-            max_new_tokens=24 if smoke else 160,
-            parse_truncated_turns=True,  # a cut turn still runs its (unclosed) code block
-            transcripts=transcripts,
-        ),
-    )
-    started = time.perf_counter()
-    trainer.train()
-    wall = time.perf_counter() - started
-    rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h and "train_runtime" not in h]
-    k = max(1, len(rewards) // 4)
-    summary = {"first_mean": sum(rewards[:k]) / k, "last_mean": sum(rewards[-k:]) / k, "wall_s": wall}
-    print(f"[discrete_log] reward per step: {[round(r, 3) for r in rewards]}; {wall:.0f} s; transcripts: {transcripts}")
-    with open(os.path.join(args.out, f"rewards_seed{args.seed}.json"), "w") as f:
-        json.dump({"rewards": rewards, **summary}, f)
-    return summary
 
 
 if __name__ == "__main__":

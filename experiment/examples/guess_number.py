@@ -12,15 +12,14 @@ Run:      python experiment/examples/guess_number.py                 # the main 
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import random
 import re
 import sys
-import time
 
-from trl_env import Action, ChatMLProcessor, Delta, Env, Seed, env_reward, make_rollout_func
+from trl_env import Action, ChatMLProcessor, Delta, Env, Seed
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # experiment/
 
 LOW, HIGH = 1, 10  # the secret number's range (inclusive)
 MAX_TURNS = 3
@@ -59,96 +58,19 @@ class GuessNumberEnv(Env):
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2", help="'smollm2' (offline default), 'tiny', or a path/hub id")
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="outputs/guess_number")
-    args = parser.parse_args(argv)
+    from training import example_parser, train  # experiment/training.py: the shared GRPO run and its report
 
-    import torch
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
-
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-    from models import load_model_and_tokenizer  # experiment/models.py: offline SmolLM2, tiny model, any path
-
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
-    model, tokenizer = load_model_and_tokenizer(args.model, AutoModelForCausalLM, AutoTokenizer)
-    os.makedirs(args.out, exist_ok=True)
-    transcripts = os.path.join(args.out, f"transcripts_seed{args.seed}.jsonl")
-    if os.path.exists(transcripts):
-        os.remove(transcripts)
-
-    dataset = Dataset.from_dict({"prompt": [f"game-{i}" for i in range(1000)]})  # each prompt is an env seed
-    config = GRPOConfig(
-        output_dir=args.out,
-        max_steps=args.steps,
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=96,
-        learning_rate=3e-5 if args.model != "tiny" else 1e-3,
-        temperature=1.0,
-        beta=0.0,
-        logging_steps=1,
-        report_to=[],
-        save_strategy="no",
-        use_cpu=True,
-        bf16=False,  # float32 on CPU: exact logprobs, and bf16 autocast is slow on most CPUs
-        seed=args.seed,
-        data_seed=args.seed,
-    )
-    rollout_func = make_rollout_func(
+    args = example_parser(__doc__, name="guess_number", steps=20).parse_args(argv)
+    return train(
+        "guess_number",
+        args,
         GuessNumberEnv,
         ChatMLProcessor(system_prompt=SYSTEM_PROMPT),
+        seed_format="game-{i}",
         max_turns=MAX_TURNS,
         max_new_tokens=8,
         parse_truncated_turns=True,  # a small model rambles: a cut turn still counts as a guess
-        transcripts=transcripts,
     )
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=env_reward,
-        args=config,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        rollout_func=rollout_func,
-    )
-    started = time.perf_counter()
-    trainer.train()
-    wall = time.perf_counter() - started
-
-    rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h and "train_runtime" not in h]
-    k = max(1, len(rewards) // 4)
-    summary = {"first_mean": sum(rewards[:k]) / k, "last_mean": sum(rewards[-k:]) / k, "wall_s": wall}
-    print(f"[guess_number] reward per step: {[round(r, 3) for r in rewards]}")
-    print(
-        f"[guess_number] first {k} steps {summary['first_mean']:.3f} -> last {k} steps {summary['last_mean']:.3f}"
-        f" in {wall:.0f} s; transcripts: {transcripts}"
-    )
-    with open(os.path.join(args.out, f"rewards_seed{args.seed}.json"), "w") as f:
-        json.dump({"rewards": rewards, **summary}, f)
-    _plot(rewards, os.path.join(args.out, f"reward_seed{args.seed}.png"))
-    return summary
-
-
-def _plot(rewards: list[float], path: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("[guess_number] matplotlib not installed: no plot")
-        return
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(range(1, len(rewards) + 1), rewards, marker="o")
-    ax.set(xlabel="step", ylabel="mean env reward", title="guess_number: GRPO on CPU")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    print(f"[guess_number] reward curve: {path}")
 
 
 if __name__ == "__main__":

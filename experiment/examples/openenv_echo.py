@@ -14,8 +14,6 @@ Run:      python experiment/examples/openenv_echo.py                 # starts th
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import socket
 import subprocess
@@ -23,7 +21,9 @@ import sys
 import time
 import urllib.request
 
-from trl_env import ChatMLProcessor, env_reward, make_rollout_func
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # experiment/
+
+from trl_env import ChatMLProcessor
 from trl_env.openenv import OpenEnvAdapter
 
 SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "openenv_echo_server.py")
@@ -73,90 +73,34 @@ def stop_server(proc: subprocess.Popen) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2", help="'smollm2' (offline default), 'tiny', or a path/hub id")
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="outputs/openenv_echo")
+    from training import example_parser, train  # experiment/training.py: the shared GRPO run and its report
+
+    parser = example_parser(__doc__, name="openenv_echo", steps=30)
     parser.add_argument("--base-url", default=None, help="use this running OpenEnv server instead of starting one")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     base_url, proc = args.base_url, None
-    if base_url is None:  # start the server first: it boots while the model loads
+    if base_url is None:
         base_url, proc = start_server(output=os.path.join(args.out, "server.log"))
     try:
-        return _train(args, base_url, proc)
+        if proc is not None:
+            wait_ready(base_url, proc)
+        return train(
+            "openenv_echo",
+            args,
+            lambda: OpenEnvAdapter(base_url, connect_timeout_s=10, message_timeout_s=30),
+            ChatMLProcessor(system_prompt=SYSTEM_PROMPT),
+            seed_format="{i}",  # each prompt: the env's reset seed
+            batch=BATCH,
+            max_completion_length=128,
+            max_turns=MAX_TURNS,
+            max_new_tokens=8,
+            parse_truncated_turns=True,  # a rambling turn still counts as an answer
+            env_timeout=60,
+        )
     finally:
         if proc is not None:
             stop_server(proc)
-
-
-def _train(args: argparse.Namespace, base_url: str, proc: subprocess.Popen | None) -> dict[str, float]:
-    import torch
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
-
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-    from models import load_model_and_tokenizer  # experiment/models.py: offline SmolLM2, tiny model, any path
-
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
-    model, tokenizer = load_model_and_tokenizer(args.model, AutoModelForCausalLM, AutoTokenizer)
-    if proc is not None:
-        wait_ready(base_url, proc)
-    transcripts = os.path.join(args.out, f"transcripts_seed{args.seed}.jsonl")
-    if os.path.exists(transcripts):
-        os.remove(transcripts)
-
-    dataset = Dataset.from_dict({"prompt": [str(i) for i in range(1000)]})  # each prompt: the env's reset seed
-    config = GRPOConfig(
-        output_dir=args.out,
-        max_steps=args.steps,
-        per_device_train_batch_size=BATCH,
-        num_generations=4,
-        max_completion_length=128,
-        learning_rate=3e-5 if args.model != "tiny" else 1e-3,
-        temperature=1.0,
-        beta=0.0,
-        logging_steps=1,
-        report_to=[],
-        save_strategy="no",
-        use_cpu=True,
-        bf16=False,  # float32 on CPU: exact logprobs
-        seed=args.seed,
-        data_seed=args.seed,
-    )
-    rollout_func = make_rollout_func(
-        lambda: OpenEnvAdapter(base_url, connect_timeout_s=10, message_timeout_s=30),
-        ChatMLProcessor(system_prompt=SYSTEM_PROMPT),
-        max_turns=MAX_TURNS,
-        max_new_tokens=8,
-        parse_truncated_turns=True,  # a rambling turn still counts as an answer
-        env_timeout=60,
-        transcripts=transcripts,
-    )
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=env_reward,
-        args=config,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        rollout_func=rollout_func,
-    )
-    started = time.perf_counter()
-    trainer.train()
-    wall = time.perf_counter() - started
-
-    rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h and "train_runtime" not in h]
-    k = max(1, len(rewards) // 4)
-    summary = {"first_mean": sum(rewards[:k]) / k, "last_mean": sum(rewards[-k:]) / k, "wall_s": wall}
-    print(
-        f"[openenv_echo] reward per step: {[round(r, 3) for r in rewards]}; first {k} steps "
-        f"{summary['first_mean']:.3f} -> last {k} steps {summary['last_mean']:.3f}"
-    )
-    with open(os.path.join(args.out, f"rewards_seed{args.seed}.json"), "w") as f:
-        json.dump({"rewards": rewards, "base_url": base_url, **summary}, f)
-    return summary
 
 
 if __name__ == "__main__":

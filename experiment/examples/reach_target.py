@@ -18,15 +18,14 @@ Run:      python experiment/examples/reach_target.py --model tiny --steps 2     
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import random
 import re
 import sys
-import time
 
-from trl_env import Action, ChatMLProcessor, Delta, Env, Seed, env_reward, make_rollout_func
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # experiment/
+
+from trl_env import Action, ChatMLProcessor, Delta, Env, Seed
 
 MAX_TURNS = 4  # every game can be won in 3 moves
 STEP_COST, BONUS, INVALID = 0.02, 0.5, 0.1
@@ -77,75 +76,20 @@ class ReachTargetEnv(Env):
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2", help="'smollm2' (offline default), 'tiny', or a path/hub id")
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="outputs/reach_target")
-    parser.add_argument("--vllm-server", default=None, help="URL of a `trl vllm-serve` server (GPU recipe)")
-    args = parser.parse_args(argv)
+    from training import example_parser, train  # experiment/training.py: the shared GRPO run and its report
 
-    import torch
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
-
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-    from models import load_model_and_tokenizer  # experiment/models.py: offline SmolLM2, tiny model, any path
-
-    gpu = args.vllm_server is not None
-    if not gpu:
-        torch.set_num_threads(max(1, os.cpu_count() or 1))
-    model, tokenizer = load_model_and_tokenizer(args.model, AutoModelForCausalLM, AutoTokenizer)
-    os.makedirs(args.out, exist_ok=True)
-    transcripts = os.path.join(args.out, f"transcripts_seed{args.seed}.jsonl")
-    if os.path.exists(transcripts):
-        os.remove(transcripts)
-    config = GRPOConfig(
-        output_dir=args.out,
-        max_steps=args.steps,
-        per_device_train_batch_size=8,
-        num_generations=4,
+    args = example_parser(__doc__, name="reach_target", steps=30).parse_args(argv)
+    return train(
+        "reach_target",
+        args,
+        ReachTargetEnv,
+        ChatMLProcessor(system_prompt=SYSTEM_PROMPT),
+        seed_format="walk-{i}",
         max_completion_length=224,  # 4 turns of 8 model tokens and ~40 env tokens
-        learning_rate=1e-3 if args.model == "tiny" else 3e-5,
-        temperature=1.0,
-        beta=0.0,
-        logging_steps=1,
-        report_to=[],
-        save_strategy="no",
-        seed=args.seed,
-        data_seed=args.seed,
-        use_cpu=not gpu,
-        bf16=gpu,  # float32 on CPU: exact logprobs
-        use_vllm=gpu,
-        vllm_mode="server",
-        vllm_server_base_url=args.vllm_server,
+        max_turns=MAX_TURNS,
+        max_new_tokens=8,
+        parse_truncated_turns=True,  # a small model rambles: a cut turn still counts as a move
     )
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=env_reward,
-        args=config,
-        train_dataset=Dataset.from_dict({"prompt": [f"walk-{i}" for i in range(1000)]}),  # prompts are env seeds
-        processing_class=tokenizer,
-        rollout_func=make_rollout_func(
-            ReachTargetEnv,
-            ChatMLProcessor(system_prompt=SYSTEM_PROMPT),
-            max_turns=MAX_TURNS,
-            max_new_tokens=8,
-            parse_truncated_turns=True,  # a small model rambles: a cut turn still counts as a move
-            transcripts=transcripts,
-        ),
-    )
-    started = time.perf_counter()
-    trainer.train()
-    wall = time.perf_counter() - started
-    rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h and "train_runtime" not in h]
-    k = max(1, len(rewards) // 4)
-    summary = {"first_mean": sum(rewards[:k]) / k, "last_mean": sum(rewards[-k:]) / k, "wall_s": wall}
-    print(f"[reach_target] reward per step: {[round(r, 3) for r in rewards]}; {wall:.0f} s; transcripts: {transcripts}")
-    with open(os.path.join(args.out, f"rewards_seed{args.seed}.json"), "w") as f:
-        json.dump({"rewards": rewards, **summary}, f)
-    return summary
 
 
 if __name__ == "__main__":
