@@ -98,6 +98,7 @@ class VLLMServerGenerator:
         adapter = requests.adapters.HTTPAdapter(pool_connections=len(self.urls), pool_maxsize=max_in_flight)
         session.mount("http://", adapter)
         session.mount("https://", adapter)
+        self._session = session
         self._post = post or session.post
         self._get = get or session.get
         self._pool = ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="trl-env-http")
@@ -133,8 +134,9 @@ class VLLMServerGenerator:
         return [self._pool.submit(self._complete, r) for r in requests]
 
     def close(self) -> None:
-        """Stop the request threads (pending requests are abandoned)."""
+        """Stop the request threads (pending requests are abandoned) and close the pooled connections."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._session.close()  # give the pooled sockets back now, not at garbage collection
 
     # -- one request ----------------------------------------------------------------------------
 

@@ -1,0 +1,350 @@
+"""Scheduling vs the raw-generation limit, against a REAL vLLM server (CPU build, tiny model by default).
+
+The same multi-turn workload (N episodes x 4 turns x exactly 32 sampled tokens) runs four ways:
+
+* ``continuous``: trl-env's ``batch_rollout`` with ``VLLMServerGenerator`` (each episode's next turn
+  is sent as soon as its env has stepped);
+* ``lockstep``: the same engine and HTTP client behind a wrapper with ``continuous = False``: turn k of
+  every episode is sent together, all are awaited, then every env steps (on the same 16 env threads), as
+  TRL's ``environment_factory`` and trl-env 0.1.17 advance;
+* ``sequential``: one episode at a time (``batch_rollout`` on one seed, in a loop), as trl-env 0.1.20 did;
+  it runs on a subset of the seeds and is extrapolated linearly to N (said so in the table);
+* ``raw limit``: the exact token-id requests recorded from a ``continuous`` run, replayed with plain
+  ``requests`` threads, all N requests of turn k in flight at once, turn k+1 after all of turn k: no env,
+  no library;
+* ``raw chains`` (a diagnostic): the same requests, replayed per episode with no barrier (each episode's next
+  request goes out when its previous one returns), no env, no library: ``continuous`` minus this is the
+  library's and the env's own cost; ``raw chains`` vs ``raw limit`` is what the server makes of staggered
+  rather than synchronised arrivals.
+
+Every turn samples exactly ``--tokens`` tokens: ``extra_body={"ignore_eos": True, "stop_token_ids": []}``
+overrides the end-of-turn stop, so the work per variant is identical (``parse_truncated_turns=True`` lets a
+turn cut by the length limit go to the env). The server runs without prefix caching so that the replay
+(which cannot reuse the KV of tokens it did not sample) does the same prefill work as the rollouts.
+
+Repetitions are interleaved (all variants of one repetition, in a shuffled order, then the next) after a
+warm-up; tables give medians with (min-max) and ratios as medians of per-repetition ratios.
+
+    python benchmarks/bench_scheduling.py            # full run (~25 min on the 2-core box)
+    python benchmarks/bench_scheduling.py --quick    # smoke test (starts its own server unless --base-url)
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import _common as C
+import requests
+
+from trl_env import Budgets, ChatMLProcessor, Ending, GenerationRequest, VLLMServerGenerator, batch_rollout
+
+VARIANTS = ("continuous", "lockstep", "sequential", "raw limit", "raw chains")
+ENVS = {"cheap": None, "50-150 ms": (50.0, 150.0)}
+
+
+class Lockstep:
+    """The same HTTP client, scheduled in waves: the engine sends turn k of every live episode together."""
+
+    continuous = False
+
+    def __init__(self, inner: VLLMServerGenerator) -> None:
+        self.inner = inner
+
+    def submit(self, requests_: Sequence[GenerationRequest]) -> list[Future]:
+        return self.inner.submit(requests_)
+
+
+class Recorder:
+    """Wraps a generator and keeps every request (a list append per turn: negligible)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.continuous, self.requests = inner, inner.continuous, []
+
+    def submit(self, requests_: Sequence[GenerationRequest]) -> list[Future]:
+        self.requests += requests_
+        return self.inner.submit(requests_)
+
+
+def chains(requests_: list[GenerationRequest], rollouts) -> list[list[GenerationRequest]]:
+    """Group recorded requests by episode, in turn order (each episode's prompt starts its requests)."""
+    starts = {tuple(r.prompt_ids): i for i, r in enumerate(rollouts)}
+    lengths = sorted({len(r.prompt_ids) for r in rollouts})
+    per_episode: dict[int, list[GenerationRequest]] = defaultdict(list)
+    for req in requests_:
+        episode = next(starts[k] for n in lengths if (k := tuple(req.prompt_ids[:n])) in starts)
+        per_episode[episode].append(req)
+    return [sorted(reqs, key=lambda r: len(r.prompt_ids)) for _, reqs in sorted(per_episode.items())]
+
+
+def levels(chains_: list[list[GenerationRequest]]) -> list[list[GenerationRequest]]:
+    """Dependency levels: level k = the k-th turn of every episode."""
+    return [[c[k] for c in chains_ if len(c) > k] for k in range(max(map(len, chains_)))]
+
+
+class RawReplay:
+    """Plain ``requests`` threads: every request of a level in flight at once, levels one after another."""
+
+    def __init__(self, base_url: str, model: str, body: dict, concurrency: int, trust_env: bool = True) -> None:
+        self.url, self.model, self.body = f"{base_url}/v1/completions", model, body
+        self.session = requests.Session()
+        self.session.trust_env = trust_env  # requests' default (True) re-reads proxy settings on every request
+        adapter = requests.adapters.HTTPAdapter(pool_maxsize=concurrency)
+        self.session.mount("http://", adapter)
+        self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="raw")
+
+    def _one(self, req: GenerationRequest) -> int:
+        body = {"model": self.model, "prompt": req.prompt_ids, "max_tokens": req.max_tokens, **self.body}
+        response = self.session.post(self.url, json=body, timeout=600)
+        response.raise_for_status()
+        return len(response.json()["choices"][0]["token_ids"])
+
+    def run(self, chains_: list[list[GenerationRequest]]) -> int:
+        """Level by level: turn k of every episode at once, then turn k+1 (the raw-generation limit)."""
+        tokens = 0
+        for level in levels(chains_):
+            tokens += sum(self.pool.map(self._one, level))
+        return tokens
+
+    def run_chains(self, chains_: list[list[GenerationRequest]]) -> int:
+        """No barrier: each episode's next request goes out as soon as its previous one returns."""
+        return sum(self.pool.map(lambda chain: sum(self._one(r) for r in chain), chains_))
+
+    def close(self) -> None:
+        self.pool.shutdown()
+        self.session.close()
+
+
+def reset_prefix_cache(base_url: str) -> None:
+    """Start every run with an empty prefix cache (a no-op when the server has it off or is not in dev mode)."""
+    try:
+        requests.post(f"{base_url}/reset_prefix_cache", timeout=30)
+    except requests.RequestException:
+        pass
+
+
+def engine_steps(base_url: str) -> float | None:
+    """The server's engine steps so far (``vllm:iteration_tokens_total`` histogram count), if it exports it."""
+    try:
+        text = requests.get(f"{base_url}/metrics", timeout=10).text
+    except requests.RequestException:
+        return None
+    counts = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith("vllm:iteration_tokens_total_count")]  # fmt: skip
+    return sum(counts) if counts else None
+
+
+def check(rollouts, n: int, turns: int, tokens: int) -> int:
+    """Every episode ran all its turns with exactly ``tokens`` sampled per turn; return the sampled tokens."""
+    bad = [r for r in rollouts if r.ending not in (Ending.ENV_DONE, Ending.MAX_TURNS) or len(r.turns) != turns]
+    if bad or len(rollouts) != n:
+        raise RuntimeError(f"{len(bad)} bad episodes, e.g. {bad[0].ending} {bad[0].error[:500]}")
+    counts = {t.num_model_tokens for r in rollouts for t in r.turns}
+    if counts != {tokens}:
+        raise RuntimeError(f"turn lengths {sorted(counts)}, expected exactly {tokens}")
+    return n * turns * tokens
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = C.base_parser(__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default=None, help="episode counts, comma-separated (default 64,128,256)")
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=32, help="sampled tokens per turn (exactly)")
+    parser.add_argument("--seq-subset", type=int, default=None, help="episodes actually run one at a time")
+    parser.add_argument("--envs", default=",".join(ENVS), help=f"which envs, of {list(ENVS)}")
+    parser.add_argument("--env-workers", type=int, default=16, help="batch_rollout's env_workers (its default: 16)")
+    C.add_server_options(parser)
+    args = parser.parse_args(argv)
+    if args.quick:  # a smoke test: the smallest workload that still runs every code path
+        args.turns, args.tokens = min(args.turns, 2), min(args.tokens, 8)
+    sizes = [int(x) for x in (args.sizes or ("4" if args.quick else "64,128,256")).split(",")]
+    reps = args.reps or (1 if args.quick else 3)
+    subset = args.seq_subset or (1 if args.quick else 16)
+    envs = [e for e in ENVS if e in args.envs.split(",")]
+    out = C.out_dir(args)
+    rng = random.Random(args.seed)
+    notes = C.machine_notes()
+
+    from transformers import AutoTokenizer
+
+    with C.vllm_server(
+        args.base_url, extra_args=["--no-enable-prefix-caching"], omp=args.server_omp
+    ) as (base_url, model_dir):
+        server = C.server_config(base_url)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        processor = ChatMLProcessor()
+        extra = {"ignore_eos": True, "stop_token_ids": []}  # every turn exactly --tokens long
+        gen = VLLMServerGenerator(base_url, temperature=1.0, extra_body=extra)
+        raw_body = {"logprobs": 0, "return_token_ids": True, "skip_special_tokens": False, **gen.sampling, **extra}
+        budgets = Budgets(max_turns=args.turns, max_new_tokens=args.tokens, max_completion_tokens=4096)
+        raws = {n: RawReplay(base_url, gen.model, raw_body, n) for n in sizes}
+        recorded: dict[tuple[str, int], list[list[GenerationRequest]]] = {}
+
+        def rollout(env: str, seeds: list[str], generator) -> list:
+            return batch_rollout(
+                seeds, C.EnvFactory(args.turns, ENVS[env]), processor, tokenizer, generator,
+                budgets=budgets, parse_truncated_turns=True, env_workers=args.env_workers,
+            )  # fmt: skip
+
+        def run(variant: str, env: str, n: int) -> dict:
+            seeds = [str(i) for i in range(n)]
+            reset_prefix_cache(base_url)
+            steps0 = engine_steps(base_url)
+            out = _run(variant, env, n, seeds)
+            steps1 = engine_steps(base_url)
+            out["steps"] = steps1 - steps0 if steps0 is not None and steps1 is not None else None
+            return out
+
+        def _run(variant: str, env: str, n: int, seeds: list[str]) -> dict:
+            cpu0, t0 = time.process_time(), time.perf_counter()
+            if variant == "sequential":  # one episode at a time; n is the subset actually run
+                outs = [rollout(env, [s], gen) for s in seeds]
+                wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+                tokens = sum(check(o, 1, args.turns, args.tokens) for o in outs)
+            elif variant in ("raw limit", "raw chains"):
+                replay = raws[n].run if variant == "raw limit" else raws[n].run_chains
+                tokens = replay(recorded[(env, n)])
+                wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+                if tokens != n * args.turns * args.tokens:
+                    raise RuntimeError(f"raw replay sampled {tokens} tokens")
+            else:
+                generator = Recorder(gen) if variant == "continuous" else Lockstep(gen)
+                rollouts = rollout(env, seeds, generator)
+                wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+                tokens = check(rollouts, n, args.turns, args.tokens)
+                if variant == "continuous":  # the next replay of (env, n) sends exactly these requests
+                    recorded[(env, n)] = chains(generator.requests, rollouts)
+                env_s = sum(t.env_s for r in rollouts for t in r.turns)
+                return dict(wall=wall, tokens=tokens, cpu=cpu, env_s=env_s)
+            return dict(wall=wall, tokens=tokens, cpu=cpu)
+
+        # Warm-up: every variant once at the smallest size, and a continuous run per size (the first recording).
+        t_start = time.perf_counter()
+        for env in envs:
+            for n in sizes:
+                run("continuous", env, n)
+            if not args.quick:
+                run("lockstep", env, sizes[0])
+                run("raw limit", env, sizes[0])
+                run("sequential", env, 1)
+        print(f"[warm-up] {time.perf_counter() - t_start:.0f} s", file=sys.stderr)
+
+        # Timed: blocks of (env, N) in shuffled order; in each block every variant once, in shuffled order,
+        # back to back, so that the ratios compare runs made under the same background load.
+        results: dict[tuple[str, int, str], list[dict]] = defaultdict(list)
+        for rep in range(reps):
+            blocks = [(env, n) for env in envs for n in sizes]
+            rng.shuffle(blocks)
+            for env, n in blocks:
+                variants = list(VARIANTS)
+                rng.shuffle(variants)  # a replay uses the latest recording of (env, N): from the warm-up at worst
+                for variant in variants:
+                    if variant == "sequential":
+                        k = min(subset, n)
+                        r = run("sequential", env, k)
+                        r = dict(wall=r["wall"] / k * n, tokens=r["tokens"] / k * n, cpu=r["cpu"] / k * n,
+                                 steps=r["steps"] / k * n if r["steps"] is not None else None,
+                                 measured_s=r["wall"], measured_episodes=k)  # fmt: skip
+                    else:
+                        r = run(variant, env, n)
+                    results[(env, n, variant)].append(r)
+                    print(f"[rep {rep}] {env:>9} N={n:<4} {variant:<11} {r['wall']:7.2f} s", file=sys.stderr)
+        total = time.perf_counter() - t_start
+        gen.close()
+        for raw in raws.values():
+            raw.close()
+
+    # ---- report
+    lines = [f"## bench_scheduling ({'quick' if args.quick else 'full'})", ""]
+    lines.append(f"Machine: {notes}. Server: {server}. {reps} timed repetitions after a warm-up, interleaved in "
+                 f"shuffled order; total {total:.0f} s. Workload: N episodes x {args.turns} turns x exactly "
+                 f"{args.tokens} sampled tokens. Sequential: min({subset}, N) episodes run one at a time per "
+                 "block, wall time extrapolated linearly to N (marked * where extrapolated).")  # fmt: skip
+    lines.append("")
+    summary = {}
+    for env in envs:
+        lines.append(f"### env: {env}")
+        lines.append("")
+        rows = []
+        for n in sizes:
+            limit = [r["wall"] for r in results[(env, n, "raw limit")]]
+            for v in VARIANTS:
+                walls = [r["wall"] for r in results[(env, n, v)]]
+                toks = [r["tokens"] / r["wall"] for r in results[(env, n, v)]]
+                ratios = [w / lim for w, lim in zip(walls, limit)]
+                cpu = [r["cpu"] for r in results[(env, n, v)]]
+                steps = [r["steps"] for r in results[(env, n, v)] if r.get("steps") is not None]
+                star = "*" if v == "sequential" and subset < n else ""
+                rows.append([n, v, C.fmt_range(walls) + star, f"{statistics.median(toks):.0f}",
+                             C.fmt_range(ratios), f"{statistics.median(cpu):.2f}",
+                             f"{statistics.median(steps):.0f}" if steps else "-"])  # fmt: skip
+                summary[f"{env}|{n}|{v}"] = dict(
+                    wall=C.summary(walls), tokens_per_s=statistics.median(toks), ratio_to_limit=C.summary(ratios),
+                    client_cpu_s=statistics.median(cpu), engine_steps=statistics.median(steps) if steps else None,
+                )
+            cont = [r["wall"] for r in results[(env, n, "continuous")]]
+            for other in ("lockstep", "sequential"):
+                speedup = [o["wall"] / c for o, c in zip(results[(env, n, other)], cont)]
+                summary[f"{env}|{n}|speedup_vs_{other}"] = C.summary(speedup)
+        lines.append(C.markdown_table(
+            ["N", "variant", "wall s, median (min-max)", "tokens/s", "wall / raw limit", "client CPU s",
+             "engine steps"], rows))  # fmt: skip
+        lines.append("")
+        if ENVS[env] is not None:
+            bounds = ", ".join(
+                f"N={n}: {statistics.median(r['env_s'] for r in results[(env, n, 'continuous')]) / args.env_workers:.2f} s"
+                for n in sizes
+            )
+            lines.append(f"Env-thread bound (total env step time / env_workers={args.env_workers}; no schedule with "
+                         f"that many env threads can be faster): {bounds}.")  # fmt: skip
+            lines.append("")
+        speed_rows = [[n, C.fmt_range([o["wall"] / c["wall"] for o, c in zip(results[(env, n, other)],
+                                                                              results[(env, n, "continuous")])])
+                       + ("*" if other == "sequential" and subset < n else ""), other]
+                      for n in sizes for other in ("lockstep", "sequential")]  # fmt: skip
+        lines.append(C.markdown_table(["N", "continuous speed-up, median (min-max)", "over"], speed_rows))
+        lines.append("")
+    text = "\n".join(lines)
+    print(text)
+    C.save_json(out / "bench_scheduling.json", dict(args=vars(args), server=server, machine=notes, summary=summary,
+                                                    raw={"|".join(map(str, k)): v for k, v in results.items()}))  # fmt: skip
+    (out / "bench_scheduling.md").write_text(text + "\n")
+
+    plt = C.plt()
+    fig, axes = plt.subplots(2, len(envs), figsize=(6 * len(envs), 8), squeeze=False)
+    for ax, ax2, env in zip(axes[0], axes[1], envs):
+        for v, marker in zip(VARIANTS, "osD^v"):
+            med = [statistics.median(r["wall"] for r in results[(env, n, v)]) for n in sizes]
+            ax.plot(sizes, med, marker=marker, label=v + (" (extrapolated)" if v == "sequential" else ""))
+            if v != "sequential":
+                ratio = [statistics.median(r["wall"] / lim["wall"] for r, lim in
+                                           zip(results[(env, n, v)], results[(env, n, "raw limit")])) for n in sizes]
+                ax2.plot(sizes, ratio, marker=marker, label=v)  # fmt: skip
+        for a in (ax, ax2):
+            a.set_xscale("log", base=2)
+            a.set_xticks(sizes, [str(n) for n in sizes])
+            a.set_xlabel(f"episodes ({args.turns} turns x {args.tokens} tokens each)")
+            a.grid(True, which="both", alpha=0.3)
+        ax.set_yscale("log")
+        ax.set_ylabel("wall time, s (median)")
+        ax.set_title(f"env: {env}")
+        ax.legend()
+        ax2.axhline(1.10, color="gray", linestyle="--", label="target 1.10 (cheap env)")
+        ax2.set_ylabel("wall / raw limit (median of paired ratios)")
+        ax2.set_title(f"env: {env}, ratio to the raw-generation limit")
+        ax2.legend(fontsize=8)
+    fig.suptitle("trl-env scheduling vs lockstep, sequential and the raw-generation limit (vLLM CPU, tiny model)")
+    fig.tight_layout()
+    fig.savefig(out / "bench_scheduling.png", dpi=110)
+    print(f"\nwrote {out / 'bench_scheduling.png'}, {out / 'bench_scheduling.json'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

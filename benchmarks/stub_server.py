@@ -1,0 +1,115 @@
+"""A fast local stand-in for vLLM's OpenAI-compatible server: answers ``/v1/completions`` with fixed ids.
+
+It speaks the subset ``VLLMServerGenerator`` uses (``GET /v1/models``, ``GET /health``,
+``POST /v1/completions`` with token-id prompts and ``return_token_ids``), answers every request with
+``max_tokens`` ids after ``--delay-ms`` (a stand-in for generation time; the delay does not grow with load),
+and runs in its own process so that its CPU time is not counted as the client's.
+
+    python benchmarks/stub_server.py --port 8001 --delay-ms 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, like vLLM (uvicorn)
+    disable_nagle_algorithm = True  # else the body waits ~40 ms for the ACK of the headers (delayed ACK)
+    delay_s = 0.0
+
+    def log_message(self, format: str, *args) -> None:  # noqa: A002  # silence per-request logs
+        pass
+
+    def _send(self, status: int, payload: object) -> None:
+        body = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:  # noqa: N802
+        if self.path.startswith("/v1/models"):
+            self._send(200, {"object": "list", "data": [{"id": "stub", "root": "stub", "max_model_len": 1 << 20}]})
+        elif self.path.startswith("/health"):
+            self._send(200, {})
+        else:
+            self._send(404, {"error": "not found"})
+
+    def do_POST(self) -> None:  # noqa: N802
+        length = int(self.headers.get("Content-Length", 0))
+        body = json.loads(self.rfile.read(length) or b"{}")
+        if not self.path.startswith("/v1/completions"):
+            self._send(404, {"error": "not found"})
+            return
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        n = int(body.get("max_tokens", 16))
+        ids = [(7 + 13 * i) % 900 + 10 for i in range(n)]  # ordinary ids of the tiny vocab, never a stop id
+        self._send(200, {
+            "choices": [{
+                "index": 0, "text": "", "token_ids": ids, "finish_reason": "length",
+                "logprobs": {"token_logprobs": [-1.0] * n},
+            }],
+        })  # fmt: skip
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 4096
+
+
+def serve(port: int, delay_ms: float) -> None:
+    """Serve until killed."""
+    _Handler.delay_s = delay_ms / 1000.0
+    with _Server(("127.0.0.1", port), _Handler) as server:
+        server.serve_forever()
+
+
+@contextlib.contextmanager
+def stub_server(delay_ms: float = 0.0) -> Iterator[str]:
+    """Start the stub in a subprocess; yield its base URL; stop it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve()), "--port", str(port), "--delay-ms", str(delay_ms)],
+        stdin=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=1):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the stub server did not start") from None
+                time.sleep(0.1)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--delay-ms", type=float, default=0.0)
+    a = parser.parse_args()
+    serve(a.port, a.delay_ms)

@@ -1,0 +1,51 @@
+"""Smoke tests of benchmarks/: each script's --quick mode runs, prints a markdown table and writes its PNG and JSON.
+
+Timing targets live in the benchmarks (benchmarks/README.md), never here: these only check that the scripts
+work. bench_scheduling runs against the session's real vLLM server fixture (skipped without .venv-vllm unless
+TRL_ENV_REQUIRE_VLLM=1); bench_scale's --quick mode uses its local stand-in server and bench_turn_cost needs
+no server, so both run everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH = REPO / "benchmarks"
+
+
+def run_quick(script: str, out: Path, *args: str, timeout: float = 120) -> str:
+    env = {**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / script), "--quick", "--out", str(out), *args],
+        capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"{script} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    stem = script.removesuffix(".py")
+    assert "|---|" in proc.stdout, proc.stdout  # a markdown table
+    assert (out / f"{stem}.png").stat().st_size > 10_000
+    json.loads((out / f"{stem}.json").read_text())
+    return proc.stdout
+
+
+def test_bench_turn_cost_quick(tmp_path):
+    text = run_quick("bench_turn_cost.py", tmp_path)
+    assert "Ratio 8192 / 512" in text
+
+
+def test_bench_scale_quick_with_the_stand_in_server(tmp_path):
+    text = run_quick("bench_scale.py", tmp_path, "--server", "stub")
+    data = json.loads((tmp_path / "bench_scale.json").read_text())
+    assert data["results"] and all(r["bad_episodes"] == 0 for r in data["results"]), text
+    assert all(r["peak_sockets"] <= r["max_in_flight"] + 8 for r in data["results"]), text
+
+
+def test_bench_scheduling_quick_against_vllm(vllm_server, tmp_path):
+    text = run_quick("bench_scheduling.py", tmp_path, "--base-url", vllm_server.base_url)
+    for variant in ("continuous", "lockstep", "sequential", "raw limit"):
+        assert f"| {variant} |" in text
+
