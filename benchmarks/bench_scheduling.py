@@ -31,6 +31,7 @@ warm-up; tables give medians with (min-max) and ratios as medians of per-repetit
 
 from __future__ import annotations
 
+import json
 import random
 import statistics
 import sys
@@ -39,6 +40,7 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 import _common as C
 import requests
@@ -159,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-subset", type=int, default=None, help="episodes actually run one at a time")
     parser.add_argument("--envs", default=",".join(ENVS), help=f"which envs, of {list(ENVS)}")
     parser.add_argument("--env-workers", type=int, default=16, help="batch_rollout's env_workers (its default: 16)")
+    parser.add_argument("--replot", default=None, metavar="JSON", help="redraw table and plot from a saved run")
     C.add_server_options(parser)
     args = parser.parse_args(argv)
     if args.quick:  # a smoke test: the smallest workload that still runs every code path
@@ -171,94 +174,110 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed)
     notes = C.machine_notes()
 
-    from transformers import AutoTokenizer
+    if args.replot is None:
+        from transformers import AutoTokenizer
 
-    with C.vllm_server(
-        args.base_url, extra_args=["--no-enable-prefix-caching"], omp=args.server_omp
-    ) as (base_url, model_dir):
-        server = C.server_config(base_url)
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        processor = ChatMLProcessor()
-        extra = {"ignore_eos": True, "stop_token_ids": []}  # every turn exactly --tokens long
-        gen = VLLMServerGenerator(base_url, temperature=1.0, extra_body=extra)
-        raw_body = {"logprobs": 0, "return_token_ids": True, "skip_special_tokens": False, **gen.sampling, **extra}
-        budgets = Budgets(max_turns=args.turns, max_new_tokens=args.tokens, max_completion_tokens=4096)
-        raws = {n: RawReplay(base_url, gen.model, raw_body, n) for n in sizes}
-        recorded: dict[tuple[str, int], list[list[GenerationRequest]]] = {}
+        with C.vllm_server(
+            args.base_url, extra_args=["--no-enable-prefix-caching"], omp=args.server_omp
+        ) as (base_url, model_dir):
+            server = C.server_config(base_url)
+            tokenizer = AutoTokenizer.from_pretrained(model_dir)
+            processor = ChatMLProcessor()
+            extra = {"ignore_eos": True, "stop_token_ids": []}  # every turn exactly --tokens long
+            gen = VLLMServerGenerator(base_url, temperature=1.0, extra_body=extra)
+            raw_body = {"logprobs": 0, "return_token_ids": True, "skip_special_tokens": False, **gen.sampling, **extra}
+            budgets = Budgets(max_turns=args.turns, max_new_tokens=args.tokens, max_completion_tokens=4096)
+            raws = {n: RawReplay(base_url, gen.model, raw_body, n) for n in sizes}
+            recorded: dict[tuple[str, int], list[list[GenerationRequest]]] = {}
 
-        def rollout(env: str, seeds: list[str], generator) -> list:
-            return batch_rollout(
-                seeds, C.EnvFactory(args.turns, ENVS[env]), processor, tokenizer, generator,
-                budgets=budgets, parse_truncated_turns=True, env_workers=args.env_workers,
-            )  # fmt: skip
+            def rollout(env: str, seeds: list[str], generator) -> list:
+                return batch_rollout(
+                    seeds, C.EnvFactory(args.turns, ENVS[env]), processor, tokenizer, generator,
+                    budgets=budgets, parse_truncated_turns=True, env_workers=args.env_workers,
+                )  # fmt: skip
 
-        def run(variant: str, env: str, n: int) -> dict:
-            seeds = [str(i) for i in range(n)]
-            reset_prefix_cache(base_url)
-            steps0 = engine_steps(base_url)
-            out = _run(variant, env, n, seeds)
-            steps1 = engine_steps(base_url)
-            out["steps"] = steps1 - steps0 if steps0 is not None and steps1 is not None else None
-            return out
+            def run(variant: str, env: str, n: int) -> dict:
+                seeds = [str(i) for i in range(n)]
+                reset_prefix_cache(base_url)
+                steps0 = engine_steps(base_url)
+                out = _run(variant, env, n, seeds)
+                steps1 = engine_steps(base_url)
+                out["steps"] = steps1 - steps0 if steps0 is not None and steps1 is not None else None
+                return out
 
-        def _run(variant: str, env: str, n: int, seeds: list[str]) -> dict:
-            cpu0, t0 = time.process_time(), time.perf_counter()
-            if variant == "sequential":  # one episode at a time; n is the subset actually run
-                outs = [rollout(env, [s], gen) for s in seeds]
-                wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-                tokens = sum(check(o, 1, args.turns, args.tokens) for o in outs)
-            elif variant in ("raw limit", "raw chains"):
-                replay = raws[n].run if variant == "raw limit" else raws[n].run_chains
-                tokens = replay(recorded[(env, n)])
-                wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-                if tokens != n * args.turns * args.tokens:
-                    raise RuntimeError(f"raw replay sampled {tokens} tokens")
-            else:
-                generator = Recorder(gen) if variant == "continuous" else Lockstep(gen)
-                rollouts = rollout(env, seeds, generator)
-                wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-                tokens = check(rollouts, n, args.turns, args.tokens)
-                if variant == "continuous":  # the next replay of (env, n) sends exactly these requests
-                    recorded[(env, n)] = chains(generator.requests, rollouts)
-                env_s = sum(t.env_s for r in rollouts for t in r.turns)
-                return dict(wall=wall, tokens=tokens, cpu=cpu, env_s=env_s)
-            return dict(wall=wall, tokens=tokens, cpu=cpu)
+            def _run(variant: str, env: str, n: int, seeds: list[str]) -> dict:
+                cpu0, t0 = time.process_time(), time.perf_counter()
+                if variant == "sequential":  # one episode at a time; n is the subset actually run
+                    outs = [rollout(env, [s], gen) for s in seeds]
+                    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+                    tokens = sum(check(o, 1, args.turns, args.tokens) for o in outs)
+                elif variant in ("raw limit", "raw chains"):
+                    replay = raws[n].run if variant == "raw limit" else raws[n].run_chains
+                    tokens = replay(recorded[(env, n)])
+                    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+                    if tokens != n * args.turns * args.tokens:
+                        raise RuntimeError(f"raw replay sampled {tokens} tokens")
+                else:
+                    generator = Recorder(gen) if variant == "continuous" else Lockstep(gen)
+                    rollouts = rollout(env, seeds, generator)
+                    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+                    tokens = check(rollouts, n, args.turns, args.tokens)
+                    if variant == "continuous":  # the next replay of (env, n) sends exactly these requests
+                        recorded[(env, n)] = chains(generator.requests, rollouts)
+                    env_s = sum(t.env_s for r in rollouts for t in r.turns)
+                    return dict(wall=wall, tokens=tokens, cpu=cpu, env_s=env_s)
+                return dict(wall=wall, tokens=tokens, cpu=cpu)
 
-        # Warm-up: every variant once at the smallest size, and a continuous run per size (the first recording).
-        t_start = time.perf_counter()
-        for env in envs:
-            for n in sizes:
-                run("continuous", env, n)
-            if not args.quick:
-                run("lockstep", env, sizes[0])
-                run("raw limit", env, sizes[0])
-                run("sequential", env, 1)
-        print(f"[warm-up] {time.perf_counter() - t_start:.0f} s", file=sys.stderr)
+            # Warm-up: every variant once at the smallest size, and a continuous run per size (the first recording).
+            t_start = time.perf_counter()
+            for env in envs:
+                for n in sizes:
+                    run("continuous", env, n)
+                if not args.quick:
+                    run("lockstep", env, sizes[0])
+                    run("raw limit", env, sizes[0])
+                    run("sequential", env, 1)
+            print(f"[warm-up] {time.perf_counter() - t_start:.0f} s", file=sys.stderr)
 
-        # Timed: blocks of (env, N) in shuffled order; in each block every variant once, in shuffled order,
-        # back to back, so that the ratios compare runs made under the same background load.
-        results: dict[tuple[str, int, str], list[dict]] = defaultdict(list)
-        for rep in range(reps):
-            blocks = [(env, n) for env in envs for n in sizes]
-            rng.shuffle(blocks)
-            for env, n in blocks:
-                variants = list(VARIANTS)
-                rng.shuffle(variants)  # a replay uses the latest recording of (env, N): from the warm-up at worst
-                for variant in variants:
-                    if variant == "sequential":
-                        k = min(subset, n)
-                        r = run("sequential", env, k)
-                        r = dict(wall=r["wall"] / k * n, tokens=r["tokens"] / k * n, cpu=r["cpu"] / k * n,
-                                 steps=r["steps"] / k * n if r["steps"] is not None else None,
-                                 measured_s=r["wall"], measured_episodes=k)  # fmt: skip
-                    else:
-                        r = run(variant, env, n)
-                    results[(env, n, variant)].append(r)
-                    print(f"[rep {rep}] {env:>9} N={n:<4} {variant:<11} {r['wall']:7.2f} s", file=sys.stderr)
-        total = time.perf_counter() - t_start
-        gen.close()
-        for raw in raws.values():
-            raw.close()
+            # Timed: blocks of (env, N) in shuffled order; in each block every variant once, in shuffled order,
+            # back to back, so that the ratios compare runs made under the same background load.
+            results: dict[tuple[str, int, str], list[dict]] = defaultdict(list)
+            for rep in range(reps):
+                blocks = [(env, n) for env in envs for n in sizes]
+                rng.shuffle(blocks)
+                for env, n in blocks:
+                    variants = list(VARIANTS)
+                    rng.shuffle(variants)  # a replay uses the latest recording of (env, N): from the warm-up at worst
+                    for variant in variants:
+                        if variant == "sequential":
+                            k = min(subset, n)
+                            r = run("sequential", env, k)
+                            r = dict(wall=r["wall"] / k * n, tokens=r["tokens"] / k * n, cpu=r["cpu"] / k * n,
+                                     steps=r["steps"] / k * n if r["steps"] is not None else None,
+                                     measured_s=r["wall"], measured_episodes=k)  # fmt: skip
+                        else:
+                            r = run(variant, env, n)
+                        results[(env, n, variant)].append(r)
+                        print(f"[rep {rep}] {env:>9} N={n:<4} {variant:<11} {r['wall']:7.2f} s", file=sys.stderr)
+            total = time.perf_counter() - t_start
+            gen.close()
+            for raw in raws.values():
+                raw.close()
+    else:  # redraw the table and plot from a saved run
+        saved = json.loads(Path(args.replot).read_text())
+        server, notes, total = saved["server"], saved["machine"], saved.get("total_s", float("nan"))
+        results = defaultdict(list)
+        for key, value in saved["raw"].items():
+            env, n, variant = key.split("|")
+            results[(env, int(n), variant)] = value
+        kept = {"sizes", "seq_subset", "envs", "turns", "tokens", "env_workers", "reps"}
+        for k, v in saved["args"].items():
+            if k in kept:
+                setattr(args, k, v)
+        sizes = sorted({n for (_, n, _) in results})
+        envs = [e for e in ENVS if any(k[0] == e for k in results)]
+        reps = max(len(v) for v in results.values())
+        subset = args.seq_subset or 16
 
     # ---- report
     lines = [f"## bench_scheduling ({'quick' if args.quick else 'full'})", ""]
@@ -313,19 +332,22 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(lines)
     print(text)
     C.save_json(out / "bench_scheduling.json", dict(args=vars(args), server=server, machine=notes, summary=summary,
+                                                    total_s=total,
                                                     raw={"|".join(map(str, k)): v for k, v in results.items()}))  # fmt: skip
     (out / "bench_scheduling.md").write_text(text + "\n")
 
     plt = C.plt()
     fig, axes = plt.subplots(2, len(envs), figsize=(6 * len(envs), 8), squeeze=False)
     for ax, ax2, env in zip(axes[0], axes[1], envs):
-        for v, marker in zip(VARIANTS, "osD^v"):
+        for i, (v, marker) in enumerate(zip(VARIANTS, "osD^v")):
+            color = f"C{i}"
             med = [statistics.median(r["wall"] for r in results[(env, n, v)]) for n in sizes]
-            ax.plot(sizes, med, marker=marker, label=v + (" (extrapolated)" if v == "sequential" else ""))
+            ax.plot(sizes, med, marker=marker, color=color,
+                    label=v + (" (extrapolated)" if v == "sequential" else ""))  # fmt: skip
             if v != "sequential":
                 ratio = [statistics.median(r["wall"] / lim["wall"] for r, lim in
                                            zip(results[(env, n, v)], results[(env, n, "raw limit")])) for n in sizes]
-                ax2.plot(sizes, ratio, marker=marker, label=v)  # fmt: skip
+                ax2.plot(sizes, ratio, marker=marker, color=color, label=v)  # fmt: skip
         for a in (ax, ax2):
             a.set_xscale("log", base=2)
             a.set_xticks(sizes, [str(n) for n in sizes])
@@ -335,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
         ax.set_ylabel("wall time, s (median)")
         ax.set_title(f"env: {env}")
         ax.legend()
-        ax2.axhline(1.10, color="gray", linestyle="--", label="target 1.10 (cheap env)")
+        if ENVS[env] is None:
+            ax2.axhline(1.10, color="gray", linestyle="--", label="target 1.10")
         ax2.set_ylabel("wall / raw limit (median of paired ratios)")
         ax2.set_title(f"env: {env}, ratio to the raw-generation limit")
         ax2.legend(fontsize=8)

@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.history == "prompt":
             return text_of_tokens(tokenizer, max(8, int(history - header))), None
         n = max(TURN_IDS, int(history - short_len - delta_tokens + per_turn))
-        ids = (turn_ids[:-1] * (n // len(turn_ids) + 1))[: n - 1] + [stop]
+        ids = (turn_ids[:-1] * (n // (len(turn_ids) - 1) + 1))[: n - 1] + [stop]
         return short_prompt, Generation(ids, [-1.0] * len(ids), FinishReason.STOP)
 
     prompts = {c: setup(c) for c in contexts}
