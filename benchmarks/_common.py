@@ -116,9 +116,10 @@ def vllm_server(
         raise SystemExit(_vllm.INSTALL_HINT)
     model_dir = tiny_model_dir()
     t0 = time.perf_counter()
-    with _vllm.start_vllm_server(
-        model_dir, extra_args=list(extra_args), env=SERVER_OMP[omp], log_path=log_path
-    ) as (url, _pid):
+    with _vllm.start_vllm_server(model_dir, extra_args=list(extra_args), env=SERVER_OMP[omp], log_path=log_path) as (
+        url,
+        _pid,
+    ):
         print(f"[server] vLLM CPU server healthy after {time.perf_counter() - t0:.0f} s at {url}", file=sys.stderr)
         yield url, model_dir
 
@@ -156,9 +157,7 @@ def machine_notes() -> str:
         load = "?"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     try:
-        model = next(
-            line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")
-        )
+        model = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     except (OSError, StopIteration):
         model = platform.processor() or "?"
     return f"{cores} cores ({model}), Python {platform.python_version()}, load average at start: {load}"

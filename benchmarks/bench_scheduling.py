@@ -35,7 +35,6 @@ import json
 import random
 import statistics
 import sys
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -177,9 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.replot is None:
         from transformers import AutoTokenizer
 
-        with C.vllm_server(
-            args.base_url, extra_args=["--no-enable-prefix-caching"], omp=args.server_omp
-        ) as (base_url, model_dir):
+        with C.vllm_server(args.base_url, extra_args=["--no-enable-prefix-caching"], omp=args.server_omp) as (
+            base_url,
+            model_dir,
+        ):
             server = C.server_config(base_url)
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
             processor = ChatMLProcessor()
@@ -304,8 +304,11 @@ def main(argv: list[str] | None = None) -> int:
                              C.fmt_range(ratios), f"{statistics.median(cpu):.2f}",
                              f"{statistics.median(steps):.0f}" if steps else "-"])  # fmt: skip
                 summary[f"{env}|{n}|{v}"] = dict(
-                    wall=C.summary(walls), tokens_per_s=statistics.median(toks), ratio_to_limit=C.summary(ratios),
-                    client_cpu_s=statistics.median(cpu), engine_steps=statistics.median(steps) if steps else None,
+                    wall=C.summary(walls),
+                    tokens_per_s=statistics.median(toks),
+                    ratio_to_limit=C.summary(ratios),
+                    client_cpu_s=statistics.median(cpu),
+                    engine_steps=statistics.median(steps) if steps else None,
                 )
             cont = [r["wall"] for r in results[(env, n, "continuous")]]
             for other in ("lockstep", "sequential"):
@@ -345,8 +348,12 @@ def main(argv: list[str] | None = None) -> int:
             ax.plot(sizes, med, marker=marker, color=color,
                     label=v + (" (extrapolated)" if v == "sequential" else ""))  # fmt: skip
             if v != "sequential":
-                ratio = [statistics.median(r["wall"] / lim["wall"] for r, lim in
-                                           zip(results[(env, n, v)], results[(env, n, "raw limit")])) for n in sizes]
+                ratio = [
+                    statistics.median(
+                        r["wall"] / lim["wall"] for r, lim in zip(results[(env, n, v)], results[(env, n, "raw limit")])
+                    )
+                    for n in sizes
+                ]
                 ax2.plot(sizes, ratio, marker=marker, color=color, label=v)  # fmt: skip
         for a in (ax, ax2):
             a.set_xscale("log", base=2)

@@ -69,7 +69,8 @@ class InstantGenerator:
 
 class ThreadedGenerator(InstantGenerator):
     """Like ``InstantGenerator``, but a background thread resolves each future (as an HTTP backend's pool does),
-    so the engine really waits on pending futures; its own cost is measured and subtracted."""
+    so the engine really waits on pending futures; its own cost is measured and subtracted.
+    """
 
     continuous = True
 
@@ -256,9 +257,11 @@ def main(argv: list[str] | None = None) -> int:
         proc = [x[0] * 1e6 for x in by_n[n]]
         rows_n.append([n, C.fmt_range(proc, 0), f"{statistics.median(proc) / 1e6 / base_n:.2f}"])
         summary[f"episodes={n}"] = dict(process_us=C.summary(proc))
-    lines.append(f"Per-turn cost vs concurrent episodes (context {contexts[0]}; here a background thread resolves "
-                 f"each request, as an HTTP pool does, so the engine waits on pending futures; that thread's "
-                 f"{threaded_s * 1e6:.1f} us per request is subtracted):")
+    lines.append(
+        f"Per-turn cost vs concurrent episodes (context {contexts[0]}; here a background thread resolves "
+        f"each request, as an HTTP pool does, so the engine waits on pending futures; that thread's "
+        f"{threaded_s * 1e6:.1f} us per request is subtracted):"
+    )
     lines.append("")
     lines.append(C.markdown_table(["episodes", "process CPU us/turn, median (min-max)",
                                    f"ratio to {batch_sizes[0]}"], rows_n))  # fmt: skip

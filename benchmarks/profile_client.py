@@ -30,10 +30,14 @@ AREAS = (
     ("trl_env", ("/trl_env/",)),
     ("tokenizer", ("tokenizers", "transformers/")),
     ("JSON", ("json/", "_json", "json.encoder", "json.decoder", "complexjson")),
-    ("requests' per-request environment scan (proxies)", ("getproxies", "proxy_bypass", "<frozen os>",
-                                                           "_collections_abc", "get_environ_proxies")),
-    ("HTTP stack", ("requests/", "urllib3/", "http/client", "socket", "ssl", "email/", "idna", "charset_normalizer",
-                    "urllib/")),
+    (
+        "requests' per-request environment scan (proxies)",
+        ("getproxies", "proxy_bypass", "<frozen os>", "_collections_abc", "get_environ_proxies"),
+    ),
+    (
+        "HTTP stack",
+        ("requests/", "urllib3/", "http/client", "socket", "ssl", "email/", "idna", "charset_normalizer", "urllib/"),
+    ),
     ("threads, locks, queues, futures", ("threading.py", "queue", "_thread", "concurrent/futures", "lock")),
 )
 

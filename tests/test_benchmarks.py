@@ -48,4 +48,3 @@ def test_bench_scheduling_quick_against_vllm(vllm_server, tmp_path):
     text = run_quick("bench_scheduling.py", tmp_path, "--base-url", vllm_server.base_url)
     for variant in ("continuous", "lockstep", "sequential", "raw limit"):
         assert f"| {variant} |" in text
-
