@@ -16,11 +16,13 @@ each request after a fixed delay) that isolates the client from the server's spe
 from __future__ import annotations
 
 import gc
+import json
 import os
 import statistics
 import sys
 import threading
 import time
+from pathlib import Path
 
 import _common as C
 import psutil
@@ -116,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server", choices=["both", "vllm", "stub"], default=None,
                         help="which server(s); default: both (stub only with --quick or without .venv-vllm)")  # fmt: skip
     parser.add_argument("--stub-delay-ms", type=float, default=20.0, help="the stand-in's answer time")
+    parser.add_argument("--replot", default=None, metavar="JSON", help="redraw the table and plot from a saved run")
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=32)
     args = parser.parse_args(argv)
@@ -130,33 +133,38 @@ def main(argv: list[str] | None = None) -> int:
     configs_real = [(100, 256), (1000, 256)] if not args.quick else [(20, 256)]
     configs_stub = [(100, 256), (1000, 256), (1000, 1024), (5000, 256)] if not args.quick else [(50, 256), (50, 64)]
     results: list[dict] = []
-    t_start = time.perf_counter()
-    if which in ("both", "stub"):
-        tokenizer = AutoTokenizer.from_pretrained(C.tiny_model_dir())
-        with stub_server(args.stub_delay_ms) as url:
-            if not args.quick:
-                one_run(url, tokenizer, 20, 256, args.turns, args.tokens)  # warm-up
-            for _ in range(reps):
-                for n, mif in configs_stub:
-                    r = one_run(url, tokenizer, n, mif, args.turns, args.tokens)
-                    results.append(dict(server=f"stand-in ({args.stub_delay_ms:g} ms/request)", **r))
-                    print(f"[stub] N={n} mif={mif} {r['wall']:.1f} s bad={r['bad_episodes']}", file=sys.stderr)
-    if which in ("both", "vllm"):
-        with C.vllm_server(args.base_url, extra_args=["--no-enable-prefix-caching"], omp=args.server_omp) as (
-            url,
-            model_dir,
-        ):
-            server = C.server_config(url)
-            tokenizer = AutoTokenizer.from_pretrained(model_dir)
-            if not args.quick:
-                one_run(url, tokenizer, 20, 256, args.turns, args.tokens)  # warm-up
-            for _ in range(reps):
-                for n, mif in configs_real:
-                    r = one_run(url, tokenizer, n, mif, args.turns, args.tokens)
-                    results.append(dict(server=f"vLLM CPU, tiny model (max_num_seqs {server.get('max_num_seqs')})",
-                                        **r))  # fmt: skip
-                    print(f"[vllm] N={n} mif={mif} {r['wall']:.1f} s bad={r['bad_episodes']}", file=sys.stderr)
-    total = time.perf_counter() - t_start
+    if args.replot is None:
+        t_start = time.perf_counter()
+        if which in ("both", "stub"):
+            tokenizer = AutoTokenizer.from_pretrained(C.tiny_model_dir())
+            with stub_server(args.stub_delay_ms) as url:
+                if not args.quick:
+                    one_run(url, tokenizer, 20, 256, args.turns, args.tokens)  # warm-up
+                for _ in range(reps):
+                    for n, mif in configs_stub:
+                        r = one_run(url, tokenizer, n, mif, args.turns, args.tokens)
+                        results.append(dict(server=f"stand-in ({args.stub_delay_ms:g} ms/request)", **r))
+                        print(f"[stub] N={n} mif={mif} {r['wall']:.1f} s bad={r['bad_episodes']}", file=sys.stderr)
+        if which in ("both", "vllm"):
+            with C.vllm_server(args.base_url, extra_args=["--no-enable-prefix-caching"], omp=args.server_omp) as (
+                url,
+                model_dir,
+            ):
+                server = C.server_config(url)
+                tokenizer = AutoTokenizer.from_pretrained(model_dir)
+                if not args.quick:
+                    one_run(url, tokenizer, 20, 256, args.turns, args.tokens)  # warm-up
+                for _ in range(reps):
+                    for n, mif in configs_real:
+                        r = one_run(url, tokenizer, n, mif, args.turns, args.tokens)
+                        results.append(dict(server=f"vLLM CPU, tiny model (max_num_seqs {server.get('max_num_seqs')})",
+                                            **r))  # fmt: skip
+                        print(f"[vllm] N={n} mif={mif} {r['wall']:.1f} s bad={r['bad_episodes']}", file=sys.stderr)
+        total = time.perf_counter() - t_start
+    else:  # redraw the table and plot from a saved run
+        saved = json.loads(Path(args.replot).read_text())
+        results, notes, total = saved["results"], saved["machine"], saved.get("total_s", float("nan"))
+        reps = max(1, len(results) // max(1, len({(r["server"], r["episodes"], r["max_in_flight"]) for r in results})))
 
     # ---- report: one row per (server, N, max_in_flight), medians over repetitions (max for peaks)
     groups: dict[tuple, list[dict]] = {}
@@ -183,12 +191,12 @@ def main(argv: list[str] | None = None) -> int:
         rows))  # fmt: skip
     text = "\n".join(lines)
     print(text)
-    C.save_json(out / "bench_scale.json", dict(args=vars(args), machine=notes, results=results))
+    C.save_json(out / "bench_scale.json", dict(args=vars(args), machine=notes, results=results, total_s=total))
     (out / "bench_scale.md").write_text(text + "\n")
 
     plt = C.plt()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    labels = [f"{s.split(',')[0].split(' (')[0]}\nN={n}, mif={m}" for (s, n, m) in groups]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6))
+    labels = [f"{'vLLM' if s.startswith('vLLM') else 'stand-in'}\nN={n}\nmif={m}" for (s, n, m) in groups]
     x = range(len(groups))
     ax1.bar(x, [max(r["peak_rss_increase_mb"] for r in rs) for rs in groups.values()])
     ax1.set_xticks(list(x), labels, fontsize=7)

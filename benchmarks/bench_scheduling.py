@@ -160,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-subset", type=int, default=None, help="episodes actually run one at a time")
     parser.add_argument("--envs", default=",".join(ENVS), help=f"which envs, of {list(ENVS)}")
     parser.add_argument("--env-workers", type=int, default=16, help="batch_rollout's env_workers (its default: 16)")
-    parser.add_argument("--replot", default=None, metavar="JSON", help="redraw table and plot from a saved run")
+    parser.add_argument("--replot", nargs="+", default=None, metavar="JSON",
+                        help="redraw the table and plot from saved runs (several: their repetitions pooled)")  # fmt: skip
     C.add_server_options(parser)
     args = parser.parse_args(argv)
     if args.quick:  # a smoke test: the smallest workload that still runs every code path
@@ -264,12 +265,16 @@ def main(argv: list[str] | None = None) -> int:
             for raw in raws.values():
                 raw.close()
     else:  # redraw the table and plot from a saved run
-        saved = json.loads(Path(args.replot).read_text())
-        server, notes, total = saved["server"], saved["machine"], saved.get("total_s", float("nan"))
+        runs = [json.loads(Path(p).read_text()) for p in args.replot]
+        saved = runs[0]
+        server = saved["server"]
+        notes = " / ".join(r["machine"] for r in runs) + (f" ({len(runs)} runs pooled)" if len(runs) > 1 else "")
+        total = sum(r.get("total_s", 1000.0) for r in runs)  # run 2 predates the field: it took 1000 s
         results = defaultdict(list)
-        for key, value in saved["raw"].items():
-            env, n, variant = key.split("|")
-            results[(env, int(n), variant)] = value
+        for run_ in runs:
+            for key, value in run_["raw"].items():
+                env, n, variant = key.split("|")
+                results[(env, int(n), variant)] += value
         kept = {"sizes", "seq_subset", "envs", "turns", "tokens", "env_workers", "reps"}
         for k, v in saved["args"].items():
             if k in kept:
@@ -277,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         sizes = sorted({n for (_, n, _) in results})
         envs = [e for e in ENVS if any(k[0] == e for k in results)]
         reps = max(len(v) for v in results.values())
+        args.replot = [str(Path(p)) for p in args.replot]
         subset = args.seq_subset or 16
 
     # ---- report
