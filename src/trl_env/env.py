@@ -7,7 +7,8 @@ An Env is anything with ``reward``, ``alive``, ``reset(seed)`` and ``step(action
 from __future__ import annotations
 
 import math
-from typing import Protocol, TypeAlias, runtime_checkable
+import numbers
+from typing import NamedTuple, Protocol, TypeAlias, runtime_checkable
 
 from trl_env.errors import EnvError
 
@@ -57,8 +58,21 @@ class Env(Protocol):
         ...
 
 
-def check_result(result: object, env: object, *, method: str, env_index: int, turn: int) -> tuple[Env, Delta]:
+class Checked(NamedTuple):
+    """What an env call left behind, checked and converted to plain Python types."""
+
+    env: Env
+    delta: Delta
+    reward: float
+    alive: bool
+
+
+def check_result(result: object, env: object, *, method: str, env_index: int, turn: int) -> Checked:
     """Validate what ``env.reset``/``env.step`` returned and the env's ``reward``/``alive`` after it.
+
+    Any real number is a reward (``numpy.float32`` too) and any boolean is a flag (``numpy.bool_`` too);
+    they come back as ``float`` and ``bool``, read once, so later changes to the env (a ``close()``
+    that releases state) cannot alter what this step reported.
 
     Raises:
         EnvError: naming the class, the method, the value received and the fix.
@@ -79,6 +93,13 @@ def check_result(result: object, env: object, *, method: str, env_index: int, tu
             f"returned a delta of type {type(delta).__name__} ({_short(delta)})",
             "the second item must be the observation text (str)",
         )
+    try:
+        delta.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise fail(
+            f"returned a delta that is not valid text ({e.reason} at {e.start}: {_short(delta[e.start : e.end])})",
+            "return text that encodes as UTF-8 (e.g. `text.encode('utf-8', 'replace').decode()`)",
+        ) from None
     missing = [a for a in ("reward", "alive", "step") if not hasattr(new_env, a)]
     if missing:
         raise fail(
@@ -86,14 +107,21 @@ def check_result(result: object, env: object, *, method: str, env_index: int, tu
             "the first item must be the env itself (usually `self`)",
         )
     reward, alive = new_env.reward, new_env.alive
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+    if not _is_bool(reward) and isinstance(reward, numbers.Real) and math.isfinite(reward):
+        reward = float(reward)
+    else:
         raise fail(
             f"left reward = {_short(reward)} ({type(reward).__name__})",
-            "reward must be a finite float; set `self.reward` to a number",
+            "reward must be a finite float (any real number); set `self.reward` to a number",
         )
-    if not isinstance(alive, bool):
+    if not _is_bool(alive):
         raise fail(f"left alive = {_short(alive)} ({type(alive).__name__})", "alive must be a bool")
-    return new_env, delta
+    return Checked(new_env, delta, reward, bool(alive))
+
+
+def _is_bool(value: object) -> bool:
+    """``bool`` or ``numpy.bool_`` (without importing numpy)."""
+    return isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"))
 
 
 def _short(value: object, limit: int = 80) -> str:

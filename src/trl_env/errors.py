@@ -9,6 +9,7 @@ so it survives worker threads and processes::
       EnvError(TrlEnvError, RuntimeError)       a user Env raised or returned the wrong thing
         EnvTimeoutError(EnvError)               a user Env call did not return in time
       ServerError(TrlEnvError, RuntimeError)    a generator backend failed
+      EpisodeFailure(TrlEnvError)               what ended one episode, classified where it happened
 """
 
 from __future__ import annotations
@@ -80,11 +81,33 @@ class ServerError(TrlEnvError, RuntimeError):
         """Start of the response body."""
 
 
-ERROR_KINDS = ("env_exception", "env_bad_return", "env_timeout", "processor_error", "server_error")
+ERROR_KINDS = ("env_exception", "env_bad_return", "env_timeout", "processor_error", "server_error", "prompt_error")
+"""Why an episode failed, by where it happened: env code raised, env code returned something unusable, env
+code ran past ``env_timeout``, a processor method raised or broke its contract, the generator failed, the
+dataset row could not become a seed."""
+
+
+class EpisodeFailure(TrlEnvError):
+    """A failure that ends one episode, with its kind decided at the call site (not by the exception's type).
+
+    An env that raises a ``ProcessorError`` is still ``env_exception``; a processor that raises a
+    ``KeyError`` is ``processor_error``. ``cause`` is the original exception (also ``__cause__``).
+    """
+
+    def __init__(self, kind: str, cause: BaseException) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        if kind not in ERROR_KINDS:
+            raise ValueError(f"unknown error kind {kind!r}; one of {ERROR_KINDS}")
+        self.kind = kind
+        """One of ``ERROR_KINDS``."""
+        self.cause = cause
+        """The exception that ended the episode."""
 
 
 def error_kind(error: BaseException) -> str:
     """The failure class of an episode error, as counted in the logged metrics."""
+    if isinstance(error, EpisodeFailure):
+        return error.kind
     if isinstance(error, EnvTimeoutError):
         return "env_timeout"
     if isinstance(error, EnvError):

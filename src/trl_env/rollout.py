@@ -15,44 +15,26 @@ import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from trl_env.backends.base import FinishReason, Generation, GenerationRequest, Generator
-from trl_env.env import Env, Seed, check_result
+from trl_env.env import Env, Seed
+from trl_env.episode import Calls, EnvText, Episode, Opened, Stepped, check_env_timeout
 from trl_env.errors import (
     ConfigError,
     EnvError,
     EnvTimeoutError,
-    ProcessorError,
+    EpisodeFailure,
     ServerError,
     TrlEnvError,
-    error_kind,
 )
 from trl_env.processor import check_processor, stop_token_ids
 from trl_env.trajectory import Budgets, Ending, Rollout, Turn
 from trl_env.workers import Workers, drain
 
+__all__ = ["Budgets", "Ending", "Rollout", "Turn", "batch_rollout"]
 
-class _Episode:
-    """Mutable state of one running episode; the engine turns it into a ``Rollout`` at the end."""
-
-    def __init__(self, index: int, seed: Seed) -> None:
-        self.index, self.seed = index, seed
-        self.env: Env | None = None
-        self.prompt_ids: list[int] = []
-        self.completion_ids: list[int] = []
-        self.logprobs: list[float] = []
-        self.env_mask: list[int] = []
-        self.turns: list[Turn] = []
-        self.ending: Ending | None = None
-        self.error = ""
-        self.info: dict[str, Any] = {}
-        self.pending: dict[str, Any] = {}  # the turn being built, between generation and env step
-        self.submitted_at = 0.0
-
-    def finish(self, ending: Ending, error: str = "") -> None:
-        assert self.ending is None, "an episode ends once"
-        self.ending, self.error = ending, error
+Call = Literal["open", "step", "close"]
 
 
 def _name(obj: object) -> str:
@@ -60,7 +42,7 @@ def _name(obj: object) -> str:
 
 
 def batch_rollout(
-    seeds: Sequence[Seed],
+    seeds: Sequence[Seed | BaseException],
     env_factory: Callable[[], Env],
     processor: Any,
     tokenizer: Any,
@@ -80,7 +62,8 @@ def batch_rollout(
     ``env_workers`` threads, overlapping generation.
 
     Args:
-        seeds: one per episode; each is passed to ``env.reset``.
+        seeds: one per episode; each is passed to ``env.reset``. An exception in place of a seed (a
+            dataset row that could not become one) fails that episode as ``prompt_error``.
         env_factory: builds a fresh env; called once per episode.
         processor: chat formatting (see ``trl_env.Processor``).
         tokenizer: the model's tokenizer, used only for env text and decoding sampled ids.
@@ -89,9 +72,11 @@ def batch_rollout(
         parse_truncated_turns: give a turn cut by ``max_new_tokens`` to the env as an action (its
             end-of-turn marker is then appended as env text) instead of ending the episode.
         strict: raise the first env or processor error instead of recording it on its episode.
-        env_workers: threads running ``env_factory``, ``reset`` and ``step``.
-        env_timeout: seconds one env call may run before its episode is abandoned as an error
-            (``EnvTimeoutError``); ``None`` waits forever.
+        env_workers: threads running user code (``env_factory``, ``reset``, ``step``, ``close`` and the
+            processor) and the tokenisation of each turn.
+        env_timeout: seconds one of those calls may run before it is abandoned: a hung ``reset`` or
+            ``step`` ends its episode as an error (``env_timeout``), a hung ``close`` is recorded in
+            ``info["close_error"]``; ``None`` waits forever.
         on_episode_end: called with an episode's index as it ends (on the scheduler thread), e.g. for a
             progress bar.
 
@@ -109,246 +94,186 @@ def batch_rollout(
             "fresh env, e.g. `env_factory=MyEnv`, not `MyEnv()`."
         )
     check_processor(processor)
+    check_env_timeout(env_timeout)
     budgets = budgets or Budgets()
     stops = stop_token_ids(processor, tokenizer)
-    if env_timeout is not None and not env_timeout > 0:
-        raise ConfigError(f"env_timeout={env_timeout!r}: it must be > 0 seconds, or None to wait forever.")
-    engine = _Engine(
-        env_factory,
-        processor,
-        tokenizer,
-        generator,
-        budgets,
-        stops,
-        parse_truncated_turns,
-        strict,
-        env_timeout,
-        on_episode_end,
-    )
-    return engine.run([_Episode(i, str(seed)) for i, seed in enumerate(seeds)], env_workers)
+    closer = str(tokenizer.decode([stops[0]], skip_special_tokens=False))
+    calls = Calls(env_factory, processor, EnvText(tokenizer), budgets.max_turns, closer)
+    engine = _Engine(calls, generator, budgets, stops, parse_truncated_turns, strict, env_timeout, on_episode_end)
+    episodes = [Episode(i, "" if isinstance(s, BaseException) else str(s)) for i, s in enumerate(seeds)]
+    return engine.run(episodes, list(seeds), env_workers)
 
 
 @dataclass
 class _Engine:
-    env_factory: Callable[[], Env]
-    processor: Any
-    tokenizer: Any
+    """The scheduling loop: hands env work to worker threads and model turns to the generator as episodes get ready."""
+
+    calls: Calls
     generator: Generator
     budgets: Budgets
     stops: tuple[int, ...]
     parse_truncated_turns: bool
     strict: bool
     env_timeout: float | None
-    on_episode_end: Callable[[int], None] | None = None
+    on_episode_end: Callable[[int], None] | None
 
-    def __post_init__(self) -> None:
-        # Text that closes a turn cut by the length limit: the end-of-turn token (decoded once, here).
-        self.closer = str(self.tokenizer.decode([self.stops[0]], skip_special_tokens=False))
-
-    def run(self, episodes: list[_Episode], env_workers: int) -> list[Rollout]:
-        workers = self._workers = Workers(env_workers)
-        done: queue.SimpleQueue[Future[Any]] = queue.SimpleQueue()  # every future lands here once, when done
-        env_calls: dict[Future[Any], _Episode] = {}
-        generations: dict[Future[Generation], _Episode] = {}
-
-        def track(calls: dict[Any, _Episode], future: Future[Any], ep: _Episode) -> None:
-            calls[future] = ep
-            future.add_done_callback(done.put)
-
-        for ep in episodes:
-            track(env_calls, workers.submit(self._reset, ep.index, ep.seed), ep)
-        ready: list[_Episode] = []
+    def run(self, episodes: list[Episode], seeds: list[Seed | BaseException], env_workers: int) -> list[Rollout]:
+        self.workers = Workers(env_workers)
+        self.done: queue.SimpleQueue[Future[Any]] = queue.SimpleQueue()  # every future lands here once, when done
+        self.env_calls: dict[Future[Any], tuple[Episode, Call]] = {}
+        generations: dict[Future[Generation], Episode] = {}
+        for ep, seed in zip(episodes, seeds, strict=True):
+            self._submit(ep, "open", self.calls.open, ep.index, seed)
+        ready: list[Episode] = []
         try:
-            while env_calls or generations or ready:
+            while self.env_calls or generations or ready:
                 # A wave backend batches every running episode, so it waits for all of them.
-                if ready and (self.generator.continuous or not (env_calls or generations)):
-                    now = time.perf_counter()
-                    for ep in ready:
-                        ep.submitted_at = now
-                    for ep, future in zip(
-                        ready, self.generator.submit([self._request(ep) for ep in ready]), strict=True
-                    ):
-                        track(generations, future, ep)
+                if ready and (self.generator.continuous or not (self._episode_calls() or generations)):
+                    generations.update(self._generate(ready))
                     ready = []
                     continue
-                for future in drain(done, timeout=self._poll(workers)):
+                for future in drain(self.done, timeout=self._poll()):
                     if future in generations:
                         ep = generations.pop(future)
                         if self._on_generation(ep, future):
-                            call = workers.submit(self._step, ep.index, ep.env, ep.pending, len(ep.turns) + 1)
-                            track(env_calls, call, ep)
-                    elif future in env_calls:  # else: an abandoned call that returned late
-                        ep = env_calls.pop(future)
-                        if self._on_env_result(ep, future):
+                            self._submit(ep, "step", self.calls.step, ep.index, ep.env, ep.sampled, len(ep.turns) + 1)
+                    elif future in self.env_calls:  # else: an abandoned call that returned late
+                        ep, kind = self.env_calls.pop(future)
+                        if self._on_env_call(ep, kind, future):
                             ready.append(ep)
-                for future in self._overdue(workers, env_calls):
-                    workers.abandon(future)
-                    self._time_out(env_calls.pop(future))
+                for future in self._overdue():
+                    self.workers.abandon(future)
+                    self._time_out(*self.env_calls.pop(future))
         finally:
-            workers.close()
-        return [self._to_rollout(ep) for ep in episodes]
+            self.workers.close()
+        return [ep.to_rollout(self.stops[0]) for ep in episodes]
 
-    def _poll(self, workers: Workers) -> float | None:
+    def _submit(self, ep: Episode, kind: Call, fn: Callable[..., Any], *args: Any) -> None:
+        future = self.workers.submit(fn, *args)
+        self.env_calls[future] = (ep, kind)
+        future.add_done_callback(self.done.put)
+
+    def _episode_calls(self) -> bool:
+        """Whether an open or a step is under way (closes do not hold a wave back)."""
+        return any(kind != "close" for _, kind in self.env_calls.values())
+
+    def _generate(self, ready: list[Episode]) -> dict[Future[Generation], Episode]:
+        now = time.perf_counter()
+        for ep in ready:
+            ep.submitted_at = now
+        requests = [
+            GenerationRequest(ep.prompt_ids + ep.completion_ids, ep.room(self.budgets), self.stops) for ep in ready
+        ]
+        try:
+            futures = self.generator.submit(requests)
+            if len(futures) != len(ready):
+                raise ServerError(f"the generator returned {len(futures)} futures for {len(ready)} requests")
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: BLE001  # a failed submit ends the episodes it carried, not the rollout
+            for ep in ready:
+                self._fail(ep, EpisodeFailure("server_error", e))
+            return {}
+        for future in futures:
+            future.add_done_callback(self.done.put)
+        return dict(zip(futures, ready, strict=True))
+
+    def _poll(self) -> float | None:
         """How long the scheduler may sleep before an env call can be overdue."""
         if self.env_timeout is None:
             return None
-        started = list(dict(workers.started_at).values())  # a copy: worker threads update it
+        started = self.workers.running().values()
         if not started:
             return min(0.1, self.env_timeout)
         return max(0.0, min(started) + self.env_timeout - time.monotonic()) + 0.001
 
-    def _overdue(self, workers: Workers, env_calls: dict[Future[Any], _Episode]) -> list[Future[Any]]:
+    def _overdue(self) -> list[Future[Any]]:
         """Env calls running past ``env_timeout`` (only running calls are timed, at most ``env_workers``)."""
         if self.env_timeout is None:
             return []
         limit = time.monotonic() - self.env_timeout
-        return [f for f, t in dict(workers.started_at).items() if t < limit and f in env_calls and not f.done()]
+        return [f for f, t in self.workers.running().items() if t < limit and f in self.env_calls and not f.done()]
 
-    def _time_out(self, ep: _Episode) -> None:
-        method = "step" if ep.pending else "reset"
-        owner = type(ep.env).__name__ if ep.env is not None else _name(self.env_factory)
-        error = EnvTimeoutError(
-            f"{owner}.{method} did not return within env_timeout={self.env_timeout} s; the episode was abandoned "
-            "(its thread is left behind). Raise env_timeout if the env is just slow.",
-            env_index=ep.index,
-            turn=len(ep.turns) + (1 if ep.pending else 0),
-            method=method,
+    def _time_out(self, ep: Episode, kind: Call) -> None:
+        method = {"open": "reset", "step": "step", "close": "close"}[kind]
+        owner = type(ep.env).__name__ if ep.env is not None else _name(self.calls.env_factory)
+        message = (
+            f"{owner}.{method} did not return within env_timeout={self.env_timeout} s; it was abandoned "
+            "(its thread is left behind). Raise env_timeout if the env is just slow."
         )
-        self._fail(ep, error)
+        if kind == "close":
+            ep.info["close_error"] = message
+            return
+        error = EnvTimeoutError(message, env_index=ep.index, turn=len(ep.turns) + (kind == "step"), method=method)
+        self._fail(ep, EpisodeFailure("env_timeout", error))
 
-    # -- worker threads: user code only; they return values and never touch an episode ------------
+    # -- results, on the scheduler thread: token bookkeeping only -----------------------------------
 
-    def _reset(self, index: int, seed: Seed) -> tuple[Env, str]:
-        env = self.env_factory()
-        result = env.reset(seed)
-        env, delta = check_result(result, env, method="reset", env_index=index, turn=0)
-        return env, self.processor.init_system_input(delta)
-
-    def _step(self, index: int, env: Env, pending: dict[str, Any], turn: int) -> dict[str, Any]:
-        started, text, finish_reason = time.perf_counter(), pending["text"], pending["finish_reason"]
-        parsed = self.processor.parse_agent_output(text)
-        if not (isinstance(parsed, tuple) and len(parsed) == 2 and all(isinstance(x, str) for x in parsed)):
-            raise ProcessorError(
-                f"{type(self.processor).__name__}.parse_agent_output returned {parsed!r:.80}; it must return "
-                "a tuple (reasoning: str, action: str)."
-            )
-        env, delta = check_result(env.step(parsed[1]), env, method="step", env_index=index, turn=turn)
-        next_text = None
-        if env.alive and turn < self.budgets.max_turns:
-            closer = "" if finish_reason is FinishReason.STOP else self._closer()
-            next_text = closer + self.processor.append_user_input(delta)
-        return dict(
-            env=env,
-            reasoning=parsed[0],
-            action=parsed[1],
-            delta=delta,
-            reward=float(env.reward),
-            env_s=time.perf_counter() - started,
-            next_text=next_text,
-        )
-
-    # -- scheduler thread: token bookkeeping -------------------------------------------------------
-
-    def _on_env_result(self, ep: _Episode, future: Future[Any]) -> bool:
-        """Record a reset or step; return True if the episode needs another model turn."""
+    def _on_env_call(self, ep: Episode, kind: Call, future: Future[Any]) -> bool:
+        """Record an open, a step or a close; return True if the episode needs another model turn."""
         try:
             result = future.result()
-        except Exception as e:  # noqa: BLE001  # user code: recorded on its episode, or raised in strict mode
-            self._fail(ep, e)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: BLE001  # user code: recorded on its episode, or raised in strict mode
+            if kind == "close":
+                ep.info["close_error"] = f"{type(e).__name__}: {e}"
+                return False
+            self._fail(ep, e if isinstance(e, EpisodeFailure) else EpisodeFailure("env_exception", e))
             return False
-        if not ep.pending:  # the answer to reset (a step always has a pending turn)
-            ep.env, text = result
-            ep.prompt_ids = self._encode(text)
-            if not ep.env.alive:
-                ep.info["dead_at_reset"] = True
-                self._end(ep, Ending.ENV_DONE)
-            elif self._room(ep) < 1:
-                ep.info["prompt_too_long"] = len(ep.prompt_ids)
-                self._end(ep, Ending.LENGTH)
-            return ep.ending is None
-        ep.env = result.pop("env")
-        text = result.pop("next_text")
-        ep.pending.update(result)
-        env_ids = self._encode(text) if text is not None else []
-        if text is not None and self._room(ep, extra=len(env_ids)) < 1:
-            ep.info["delta_too_long"] = len(env_ids)  # appending it would overshoot: stop before it
-            env_ids, text = [], None
+        if kind == "open":
+            return self._on_open(ep, result)
+        if kind == "step":
+            return self._on_step(ep, result)
+        return False
+
+    def _on_open(self, ep: Episode, opened: Opened) -> bool:
+        ep.env, ep.prompt_ids = opened.env, opened.prompt_ids
+        if not opened.alive:
+            ep.info["dead_at_reset"] = True
+            self._end(ep, Ending.ENV_DONE)
+        elif ep.room(self.budgets) < 1:
+            ep.info["prompt_too_long"] = len(ep.prompt_ids)
             self._end(ep, Ending.LENGTH)
-        self._close_turn(ep, env_ids)
-        if text is None and ep.ending is None:
-            self._end(ep, Ending.ENV_DONE if not ep.env.alive else Ending.MAX_TURNS)
         return ep.ending is None
 
-    def _on_generation(self, ep: _Episode, future: Future[Generation]) -> bool:
+    def _on_step(self, ep: Episode, stepped: Stepped) -> bool:
+        ep.env, ep.reward = stepped.env, stepped.reward
+        env_ids = stepped.next_ids
+        if env_ids is not None and ep.room(self.budgets, extra=len(env_ids)) < 1:
+            ep.info["delta_too_long"] = len(env_ids)  # appending it would overshoot: stop before it
+            ep.append_env(stepped, [])
+            self._end(ep, Ending.LENGTH)
+            return False
+        ep.append_env(stepped, env_ids or [])
+        if env_ids is None:
+            self._end(ep, Ending.ENV_DONE if not stepped.alive else Ending.MAX_TURNS)
+        return ep.ending is None
+
+    def _on_generation(self, ep: Episode, future: Future[Generation]) -> bool:
         """Append a sampled turn; return True if the env should step on it."""
         try:
             generation = future.result()
-            max_tokens = self._room(ep)
+            max_tokens = ep.room(self.budgets)
             if not (0 < len(generation.token_ids) == len(generation.logprobs) <= max_tokens):
                 raise ServerError(
                     f"the generator returned {len(generation.token_ids)} ids and {len(generation.logprobs)} "
                     f"logprobs for a turn of at most {max_tokens} tokens; expected 1 to {max_tokens} of each."
                 )
-        except Exception as e:  # noqa: BLE001  # a failed request ends only its episode
-            self._fail(ep, e)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: BLE001  # a failed request ends only its episode
+            self._fail(ep, EpisodeFailure("server_error", e))
             return False
-        ep.completion_ids += generation.token_ids
-        ep.logprobs += generation.logprobs
-        ep.env_mask += [1] * len(generation.token_ids)
-        text = self.tokenizer.decode(generation.token_ids, skip_special_tokens=False)
-        ep.pending = dict(
-            text=text,
-            finish_reason=generation.finish_reason,
-            num_model_tokens=len(generation.token_ids),
-            generation_s=time.perf_counter() - ep.submitted_at,
-        )
+        ep.append_model(generation)
         if generation.finish_reason is FinishReason.LENGTH and not self.parse_truncated_turns:
-            self._close_turn(ep, [])
+            ep.append_env(None, [])
             self._end(ep, Ending.LENGTH)
             return False
         return True
 
-    def _close_turn(self, ep: _Episode, env_ids: list[int]) -> None:
-        p = ep.pending
-        ep.turns.append(
-            Turn(
-                text=p["text"],
-                reasoning=p.get("reasoning", ""),
-                action=p.get("action"),
-                delta=p.get("delta"),
-                reward=p.get("reward"),
-                finish_reason=p["finish_reason"],
-                num_model_tokens=p["num_model_tokens"],
-                num_env_tokens=len(env_ids),
-                generation_s=p["generation_s"],
-                env_s=p.get("env_s", 0.0),
-            )
-        )
-        ep.completion_ids += env_ids
-        ep.logprobs += [0.0] * len(env_ids)
-        ep.env_mask += [0] * len(env_ids)
-        ep.pending = {}
-
-    def _request(self, ep: _Episode) -> GenerationRequest:
-        return GenerationRequest(ep.prompt_ids + ep.completion_ids, self._room(ep), self.stops)
-
-    def _room(self, ep: _Episode, extra: int = 0) -> int:
-        """Tokens the next model turn may sample once ``extra`` more env tokens are appended."""
-        b = self.budgets
-        used = len(ep.completion_ids) + extra
-        room = min(b.max_new_tokens, b.max_completion_tokens - used)
-        if b.max_context is not None:
-            room = min(room, b.max_context - len(ep.prompt_ids) - used)
-        return room
-
-    def _encode(self, text: str) -> list[int]:
-        # The processor writes special tokens as text; never let the tokenizer add BOS/EOS again.
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
-
-    def _closer(self) -> str:
-        return self.closer
-
-    def _fail(self, ep: _Episode, error: BaseException) -> None:
+    def _fail(self, ep: Episode, failure: EpisodeFailure) -> None:
+        error = failure.cause
         if self.strict:
             if isinstance(error, TrlEnvError):
                 raise error
@@ -358,43 +283,16 @@ class _Engine:
                 env_index=ep.index,
                 turn=len(ep.turns),
             ) from error
-        ep.info["error_kind"] = error_kind(error)
+        ep.info["error_kind"] = failure.kind
         tail = "".join(traceback.format_exception(type(error), error, error.__traceback__)[-3:])
-        error.__traceback__ = None  # its frames hold the whole batch (and every env) in a reference cycle
-        if ep.pending:  # keep the sampled turn that was being processed
-            self._close_turn(ep, [])
+        error.__traceback__ = failure.__traceback__ = None  # frames hold the batch (and every env) in a cycle
+        if ep.sampled is not None:  # keep the sampled turn that was being processed
+            ep.append_env(None, [])
         self._end(ep, Ending.ERROR, f"{type(error).__name__}: {error}\n{tail}")
 
-    def _end(self, ep: _Episode, ending: Ending, error: str = "") -> None:
+    def _end(self, ep: Episode, ending: Ending, error: str = "") -> None:
         ep.finish(ending, error)
-        close = getattr(ep.env, "close", None)
-        if callable(close):  # an optional hook: give back sessions, files
-            self._workers.submit(close)  # on a worker: a slow close must not hold the scheduler
+        if ep.env is not None and callable(getattr(ep.env, "close", None)):
+            self._submit(ep, "close", self.calls.close, ep.env)  # bounded by env_timeout like any env call
         if self.on_episode_end is not None:
             self.on_episode_end(ep.index)
-
-    def _to_rollout(self, ep: _Episode) -> Rollout:
-        assert ep.ending is not None, "every episode ends"
-        # No reward without a model turn (it would only shift the group's baseline) or after a failure.
-        scored = ep.ending is not Ending.ERROR and bool(ep.turns)
-        reward = float(ep.env.reward) if scored and ep.env is not None else None
-        prompt_ids, completion_ids, logprobs, env_mask = ep.prompt_ids, ep.completion_ids, ep.logprobs, ep.env_mask
-        if not completion_ids:
-            # TRL needs a non-empty completion: one masked stand-in token (the end-of-turn id), flagged.
-            completion_ids, logprobs, env_mask = [self.stops[0]], [0.0], [0]
-            limit = self.budgets.max_context
-            if limit is not None and len(prompt_ids) >= limit:
-                prompt_ids = prompt_ids[-(limit - 1) :]
-            ep.info["placeholder"] = True
-        return Rollout(
-            seed=ep.seed,
-            prompt_ids=prompt_ids,
-            completion_ids=completion_ids,
-            logprobs=logprobs,
-            env_mask=env_mask,
-            turns=tuple(ep.turns),
-            reward=reward,
-            ending=ep.ending,
-            error=ep.error,
-            info=ep.info,
-        )

@@ -3,6 +3,9 @@
 ``concurrent.futures.ThreadPoolExecutor`` cannot give up on a call: its threads are joined at
 interpreter exit, so one env stuck forever would hang the run at the end. Here a stuck call's
 thread is left behind (daemon) and replaced, so capacity and shutdown never depend on user code.
+Between calls a worker holds no reference to anything it ran (no env, no model), and ``close``
+stops and joins every thread that is not stuck in a call, so nothing of a rollout outlives it on a
+worker thread (objects freed by a thread during interpreter shutdown crash some libraries).
 """
 
 from __future__ import annotations
@@ -14,17 +17,18 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+_Item = tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]
+
 
 class Workers:
     """A fixed number of live daemon threads running submitted calls in order."""
 
     def __init__(self, size: int, *, name: str = "trl-env-worker") -> None:
-        self._queue: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]] | None] = (
-            queue.SimpleQueue()
-        )
+        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._name, self._spawned = name, 0
-        self.started_at: dict[Future[Any], float] = {}
-        """When each running call started (calls still queued are absent)."""
+        self._lock = threading.Lock()
+        self._running: dict[Future[Any], tuple[float, threading.Thread]] = {}  # start, thread; under _lock
+        self._threads: dict[threading.Thread, bool] = {}  # thread -> abandoned
         for _ in range(max(1, size)):
             self._spawn()
 
@@ -34,32 +38,52 @@ class Workers:
         self._queue.put((future, fn, args))
         return future
 
+    def running(self) -> dict[Future[Any], float]:
+        """A snapshot of the calls running now and when each started (``time.monotonic``)."""
+        with self._lock:
+            return {future: started for future, (started, _) in self._running.items()}
+
     def abandon(self, future: Future[Any]) -> None:
         """Give up on a running call: its thread is left to finish (or not) and a new thread takes its place."""
-        self.started_at.pop(future, None)
+        with self._lock:
+            _, thread = self._running.pop(future, (0.0, None))
+            if thread is not None:
+                self._threads[thread] = True
         self._spawn()
 
-    def close(self) -> None:
-        """Let every thread exit once the queue is drained (hung ones exit when their call returns)."""
+    def close(self, join_timeout: float = 5.0) -> None:
+        """Stop every thread once the queue is drained and join those not stuck in an abandoned call."""
         for _ in range(self._spawned):
             self._queue.put(None)
+        deadline = time.monotonic() + join_timeout
+        for thread, abandoned in list(self._threads.items()):
+            if not abandoned:
+                thread.join(max(0.0, deadline - time.monotonic()))
 
     def _spawn(self) -> None:
         self._spawned += 1
-        threading.Thread(target=self._loop, name=f"{self._name}-{self._spawned}", daemon=True).start()
+        thread = threading.Thread(target=self._loop, name=f"{self._name}-{self._spawned}", daemon=True)
+        with self._lock:
+            self._threads[thread] = False
+        thread.start()
 
     def _loop(self) -> None:
+        me = threading.current_thread()
         while (item := self._queue.get()) is not None:
             future, fn, args = item
-            if not future.set_running_or_notify_cancel():
-                continue
-            self.started_at[future] = time.monotonic()
-            try:
-                future.set_result(fn(*args))
-            except BaseException as e:  # noqa: BLE001  # delivered to the scheduler through the future
-                future.set_exception(e)
-            finally:
-                self.started_at.pop(future, None)
+            del item
+            if future.set_running_or_notify_cancel():
+                with self._lock:
+                    self._running[future] = (time.monotonic(), me)
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as e:  # noqa: BLE001  # delivered to the scheduler through the future
+                    future.set_exception(e)
+                    del e
+                finally:
+                    with self._lock:
+                        self._running.pop(future, None)
+            del future, fn, args  # hold nothing of a finished call while waiting for the next one
 
 
 def drain(done: queue.SimpleQueue[Future[Any]], timeout: float | None) -> list[Future[Any]]:

@@ -1,0 +1,314 @@
+"""One episode: the token lists it builds (``Episode``) and the calls into user code that advance it (``Calls``).
+
+``Calls`` runs on worker threads and only returns values (``Opened``, ``Stepped``); it does every
+piece of user code and every tokenisation, so the scheduler thread does neither. Each call into
+user code is wrapped where it happens, so a failure is classified by its site, whatever its type
+(``EpisodeFailure.kind``). ``Episode`` lives on the scheduler thread and keeps the invariant that
+``completion_ids``, ``logprobs`` and ``env_mask`` stay aligned: model tokens enter only through
+``append_model``, env tokens only through ``append_env``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from trl_env.backends.base import FinishReason, Generation
+from trl_env.env import Env, Seed, check_result
+from trl_env.errors import ConfigError, EnvError, EnvTimeoutError, EpisodeFailure, ProcessorError
+from trl_env.trajectory import Budgets, Ending, Rollout, Turn
+
+T = TypeVar("T")
+_SENTINEL = "TRLENVDELTA7f3a9c"  # plain text no processor rewrites; locates the env text in a rendering
+
+
+def call(kind: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run user code; anything it raises (``SystemExit`` too, not ``KeyboardInterrupt``) becomes ``kind``.
+
+    Env code that reports its own timeout (an adapter raising ``EnvTimeoutError``) is ``env_timeout``.
+    """
+    try:
+        return fn(*args, **kwargs)
+    except KeyboardInterrupt:
+        raise
+    except EpisodeFailure:
+        raise
+    except BaseException as e:  # noqa: BLE001  # user code: classified here, where it happened
+        if kind == "env_exception" and isinstance(e, EnvTimeoutError):
+            kind = "env_timeout"
+        raise EpisodeFailure(kind, e) from e
+
+
+@dataclass(frozen=True)
+class Opened:
+    """What opening an episode produced: the env after ``reset`` and the tokenised prompt."""
+
+    env: Env
+    prompt_ids: list[int]
+    alive: bool
+
+
+@dataclass(frozen=True)
+class Stepped:
+    """One model turn, parsed and stepped: what the env answered and the env tokens to append next."""
+
+    env: Env
+    text: str
+    reasoning: str
+    action: str
+    delta: str
+    reward: float
+    alive: bool
+    env_s: float
+    next_ids: list[int] | None
+    """The tokenised text after this turn; ``None`` when the episode ends here (env done or out of turns)."""
+
+
+class EnvText:
+    """Tokenises rendered env text so that text from the env can never become a special (added) token.
+
+    Text without an added token's string is encoded whole, exactly as the tokenizer would. Otherwise
+    the rendering is split into the processor's wrapper (encoded normally: its special tokens are the
+    ones the processor wrote) and the env's text, in which every added token's string is encoded as
+    plain text.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        added = sorted({str(t) for t in getattr(tokenizer, "added_tokens_decoder", {}).values()}, key=len, reverse=True)
+        added = [t for t in added if t]
+        self._added = re.compile("|".join(map(re.escape, added))) if added else None
+
+    def encode(self, text: str) -> list[int]:
+        """The tokenizer's ids for ``text``, special-token strings included, with nothing added."""
+        # The processor writes special tokens as text; never let the tokenizer add BOS/EOS again.
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def render(self, render: Callable[[str], str], delta: str, *, lead: str = "") -> list[int]:
+        """Tokenise ``lead + render(delta)`` with ``delta``'s special-token text kept plain.
+
+        Raises:
+            EpisodeFailure: ``processor_error`` if the processor raises or returns no text or
+                rewrites an env text holding special tokens; ``env_bad_return`` if the tokenizer
+                rejects it.
+        """
+        rendered = lead + _text(call("processor_error", render, delta), render)
+        if self._added is None or not self._added.search(delta):
+            return call("env_bad_return", self.encode, rendered)
+        around = lead + _text(call("processor_error", render, _SENTINEL), render)
+        prefix, _, suffix = around.partition(_SENTINEL)
+        for written in (delta, delta.strip()):
+            if rendered == prefix + written + suffix:
+                return call("env_bad_return", self._join, prefix, written, suffix)
+        raise EpisodeFailure(
+            "processor_error",
+            ProcessorError(
+                f"{_owner(render)} rewrote env text that holds special-token strings ({delta!r:.80}), so trl-env "
+                "cannot keep them plain text; render the text unchanged (or stripped)."
+            ),
+        )
+
+    def _join(self, prefix: str, env_text: str, suffix: str) -> list[int]:
+        return self.encode(prefix) + self.plain(env_text) + self.encode(suffix)
+
+    def plain(self, text: str) -> list[int]:
+        """Encode ``text`` with every added token's string broken into ordinary tokens."""
+        assert self._added is not None
+        ids, at = [], 0
+        for match in self._added.finditer(text):
+            ids += self.encode(text[at : match.start()]) if match.start() > at else []
+            token = match.group()
+            ids += self.encode(token[0]) + self.plain(token[1:])
+            at = match.end()
+        return ids + (self.encode(text[at:]) if at < len(text) else [])
+
+
+def _text(value: object, render: Callable[[str], str]) -> str:
+    if not isinstance(value, str) or not value:
+        raise EpisodeFailure(
+            "processor_error",
+            ProcessorError(
+                f"{_owner(render)} returned {value!r:.80}; it must return the rendered text (a non-empty str)."
+            ),
+        )
+    return value
+
+
+def _owner(method: Callable[..., Any]) -> str:
+    return str(getattr(method, "__qualname__", repr(method)))
+
+
+@dataclass
+class Calls:
+    """Everything that runs on worker threads: env code, processor code and tokenisation. Holds no model."""
+
+    env_factory: Callable[[], Env]
+    processor: Any
+    text: EnvText
+    max_turns: int
+    closer: str
+    """The end-of-turn token as text: closes a turn cut by the length limit before the next user turn."""
+
+    def open(self, index: int, seed: Seed | BaseException) -> Opened:
+        """Build the env, reset it with ``seed`` and tokenise the opening prompt."""
+        if isinstance(seed, BaseException):  # the dataset row could not become a seed
+            raise EpisodeFailure("prompt_error", seed)
+        env = call("env_exception", self.env_factory)
+        if env is None or not callable(getattr(env, "reset", None)):
+            raise EpisodeFailure(
+                "env_bad_return",
+                EnvError(
+                    f"env_factory() returned {env!r:.80}, not an env; it must return a fresh env with reset and step "
+                    "(pass the class, e.g. `env_factory=MyEnv`).",
+                    env_index=index,
+                    turn=0,
+                    method="env_factory",
+                ),
+            )
+        result = call("env_exception", env.reset, seed)
+        checked = call("env_bad_return", check_result, result, env, method="reset", env_index=index, turn=0)
+        return Opened(checked.env, self.text.render(self.processor.init_system_input, checked.delta), checked.alive)
+
+    def step(self, index: int, env: Env, sampled: Generation, turn: int) -> Stepped:
+        """Decode and parse the sampled turn, step the env with the action, tokenise what follows."""
+        started = time.perf_counter()
+        text = call("server_error", self.text.tokenizer.decode, sampled.token_ids, skip_special_tokens=False)
+        parsed = call("processor_error", self.processor.parse_agent_output, text)
+        if not (isinstance(parsed, tuple) and len(parsed) == 2 and all(isinstance(x, str) for x in parsed)):
+            raise EpisodeFailure(
+                "processor_error",
+                ProcessorError(
+                    f"{type(self.processor).__name__}.parse_agent_output returned {parsed!r:.80}; it must return "
+                    "a tuple (reasoning: str, action: str)."
+                ),
+            )
+        result = call("env_exception", env.step, parsed[1])
+        checked = call("env_bad_return", check_result, result, env, method="step", env_index=index, turn=turn)
+        next_ids = None
+        if checked.alive and turn < self.max_turns:
+            lead = "" if sampled.finish_reason is FinishReason.STOP else self.closer
+            next_ids = self.text.render(self.processor.append_user_input, checked.delta, lead=lead)
+        return Stepped(
+            env=checked.env,
+            text=text,
+            reasoning=parsed[0],
+            action=parsed[1],
+            delta=checked.delta,
+            reward=checked.reward,
+            alive=checked.alive,
+            env_s=time.perf_counter() - started,
+            next_ids=next_ids,
+        )
+
+    @staticmethod
+    def close(env: Env) -> None:
+        """Call the env's optional ``close()`` (give back sessions, processes, files)."""
+        close = getattr(env, "close", None)
+        if callable(close):
+            close()
+
+
+@dataclass
+class Episode:
+    """Mutable state of one running episode; ``to_rollout`` freezes it."""
+
+    index: int
+    seed: Seed
+    env: Env | None = None
+    prompt_ids: list[int] = field(default_factory=list)
+    completion_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    env_mask: list[int] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    reward: float | None = None
+    """The reward the last step reported (read when it returned, never after ``close``)."""
+    sampled: Generation | None = None
+    """The model turn between generation and its env step."""
+    generation_s: float = 0.0
+    submitted_at: float = 0.0
+    ending: Ending | None = None
+    error: str = ""
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def room(self, budgets: Budgets, extra: int = 0) -> int:
+        """Tokens the next model turn may sample once ``extra`` more env tokens are appended."""
+        used = len(self.completion_ids) + extra
+        room = min(budgets.max_new_tokens, budgets.max_completion_tokens - used)
+        if budgets.max_context is not None:
+            room = min(room, budgets.max_context - len(self.prompt_ids) - used)
+        return room
+
+    def append_model(self, sampled: Generation) -> None:
+        """Append the sampled ids and their logprobs verbatim (trained on)."""
+        self.completion_ids += sampled.token_ids
+        self.logprobs += sampled.logprobs
+        self.env_mask += [1] * len(sampled.token_ids)
+        self.sampled = sampled
+        self.generation_s = time.perf_counter() - self.submitted_at
+
+    def append_env(self, stepped: Stepped | None, env_ids: list[int]) -> None:
+        """Close the turn in progress with what the env answered (``None``: no step) and append ``env_ids``."""
+        assert self.sampled is not None, "a turn closes after it was sampled"
+        text = stepped.text if stepped is not None else ""
+        self.turns.append(
+            Turn(
+                text=text,
+                reasoning=stepped.reasoning if stepped is not None else "",
+                action=stepped.action if stepped is not None else None,
+                delta=stepped.delta if stepped is not None else None,
+                reward=stepped.reward if stepped is not None else None,
+                finish_reason=self.sampled.finish_reason,
+                num_model_tokens=len(self.sampled.token_ids),
+                num_env_tokens=len(env_ids),
+                generation_s=self.generation_s,
+                env_s=stepped.env_s if stepped is not None else 0.0,
+            )
+        )
+        self.completion_ids += env_ids
+        self.logprobs += [0.0] * len(env_ids)
+        self.env_mask += [0] * len(env_ids)
+        self.sampled = None
+
+    def finish(self, ending: Ending, error: str = "") -> None:
+        """Record the episode's one ending."""
+        assert self.ending is None, "an episode ends once"
+        self.ending, self.error = ending, error
+
+    def to_rollout(self, placeholder_id: int) -> Rollout:
+        """The finished episode; without a model turn, prompt and completion are one masked ``placeholder_id``."""
+        assert self.ending is not None, "every episode ends"
+        # No reward without a model turn (it would only shift the group's baseline) or after a failure.
+        scored = self.ending is not Ending.ERROR and bool(self.turns)
+        prompt_ids, completion_ids, logprobs, env_mask = (
+            self.prompt_ids,
+            self.completion_ids,
+            self.logprobs,
+            self.env_mask,
+        )
+        if not completion_ids:
+            # TRL needs a non-empty prompt and completion, and pads every row to the batch's longest prompt plus
+            # longest completion: one masked stand-in token each, so the row fits any model. Flagged.
+            prompt_ids, completion_ids, logprobs, env_mask = [placeholder_id], [placeholder_id], [0.0], [0]
+            self.info["placeholder"] = True
+            self.info["prompt_tokens"] = len(self.prompt_ids)
+        return Rollout(
+            seed=self.seed,
+            prompt_ids=prompt_ids,
+            completion_ids=completion_ids,
+            logprobs=logprobs,
+            env_mask=env_mask,
+            turns=tuple(self.turns),
+            reward=self.reward if scored else None,
+            ending=self.ending,
+            error=self.error,
+            info=self.info,
+        )
+
+
+def check_env_timeout(env_timeout: float | None) -> None:
+    """Fail early on a timeout that is not a positive number of seconds (or ``None``)."""
+    if env_timeout is not None and not env_timeout > 0:
+        raise ConfigError(f"env_timeout={env_timeout!r}: it must be > 0 seconds, or None to wait forever.")
