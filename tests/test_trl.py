@@ -178,5 +178,5 @@ def test_conversational_prompts_use_the_last_user_message_as_seed():
         {"role": "user", "content": [{"type": "text", "text": "9"}]},
     ]
     assert glue.prompt_to_seed(messages) == "9"
-    with pytest.raises(ConfigError, match="no user message"):
+    with pytest.raises(ConfigError, match="no message with role .user."):
         glue.prompt_to_seed([{"role": "system", "content": "s"}])

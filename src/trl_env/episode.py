@@ -88,7 +88,7 @@ class EnvText:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def render(self, render: Callable[[str], str], delta: str, *, lead: str = "") -> list[int]:
-        """Tokenise ``lead + render(delta)`` with ``delta``'s special-token text kept plain.
+        """Tokenise the rendering of ``delta`` (after ``lead``), keeping special-token text in ``delta`` plain.
 
         Raises:
             EpisodeFailure: ``processor_error`` if the processor raises or returns no text or

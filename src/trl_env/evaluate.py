@@ -140,7 +140,7 @@ def evaluate(
         jsonl = os.path.join(out_dir, "transcripts.jsonl")
         if os.path.exists(jsonl):
             os.remove(jsonl)
-        write_transcripts(jsonl, rollouts, tokenizer=tokenizer)
+        write_transcripts(jsonl, rollouts, tokenizer=tokenizer, mode="eval")
         write_markdown(os.path.join(out_dir, "transcripts.md"), rollouts)
         with open(os.path.join(out_dir, "summary.md"), "w", encoding="utf-8") as f:
             f.write(summary.table() + "\n")

@@ -11,8 +11,8 @@ import contextlib
 import dataclasses
 import inspect
 import json
+import numbers
 import os
-import statistics
 from collections.abc import Callable, Sequence
 from typing import Any, TypedDict
 
@@ -23,7 +23,7 @@ from trl_env.backends.transformers import TransformersGenerator
 from trl_env.backends.vllm_colocate import VLLMColocateGenerator
 from trl_env.backends.vllm_server import VLLMServerGenerator
 from trl_env.env import Env, Seed
-from trl_env.errors import ERROR_KINDS, ConfigError
+from trl_env.errors import ERROR_KINDS, ConfigError, TrlEnvError
 from trl_env.processor import check_processor
 from trl_env.rollout import Budgets, Ending, Rollout, batch_rollout
 
@@ -55,6 +55,12 @@ def check_trl_version() -> None:
 
     installed = trl.__version__
     has_hook = "rollout_func" in inspect.signature(GRPOTrainer.__init__).parameters
+    scoring = list(inspect.signature(GRPOTrainer._calculate_rewards).parameters)
+    if scoring != ["self", "inputs", "prompts", "completions", "completion_ids_list"]:
+        raise ConfigError(
+            f"trl {installed}: GRPOTrainer._calculate_rewards{tuple(scoring)} is not the 1.16 signature trl_env "
+            "wraps to keep failed episodes out of the reward statistics; install `trl>=1.16,<2`."
+        )
     if not has_hook or Version(installed) < Version(MIN_TRL):
         raise ConfigError(
             f"trl {installed} is installed, trl_env needs trl>={MIN_TRL} (GRPOTrainer's rollout_func(prompts, "
@@ -67,21 +73,43 @@ def env_reward(completions: list[Any], env_reward: list[float | None], **kwargs:
     return list(env_reward)
 
 
-def prompt_to_seed(prompt: str | list[dict[str, Any]]) -> Seed:
+def prompt_to_seed(prompt: object) -> Seed:
     """The env seed for one dataset prompt.
 
-    A string is the seed itself. A conversational prompt (a list of messages) gives the text of
-    its last user message; the rest of the list is ignored (use the processor's system prompt).
+    The rule: a string is the seed itself; a number (``int``, ``float``, any real, not ``bool``) is
+    its ``str``; a conversational prompt (a list of messages) gives the text of its last user
+    message (the rest of the list is ignored: use the processor's system prompt).
+
+    Raises:
+        ConfigError: for anything else, e.g. a message list without a user message, ``None`` or a dict.
     """
     if isinstance(prompt, str):
         return prompt
-    for message in reversed(prompt):
-        if isinstance(message, dict) and message.get("role") == "user":
-            content = message.get("content", "")
-            if isinstance(content, list):  # typed content blocks: keep the text ones
-                return "".join(b.get("text", "") for b in content if isinstance(b, dict))
-            return str(content)
-    raise ConfigError(f"prompt {prompt!r:.120} has no user message; use string prompts as seeds.")
+    if isinstance(prompt, numbers.Real) and not isinstance(prompt, bool):
+        return str(prompt)
+    if isinstance(prompt, (list, tuple)):
+        for message in reversed(prompt):
+            if isinstance(message, dict) and message.get("role") == "user":
+                content = message.get("content", "")
+                if isinstance(content, list):  # typed content blocks: keep the text ones
+                    return "".join(b.get("text", "") for b in content if isinstance(b, dict))
+                return str(content)
+        raise ConfigError(
+            f"prompt {prompt!r:.120} has no message with role 'user', so it gives no env seed; put the seed in a "
+            "user message or use string prompts."
+        )
+    raise ConfigError(
+        f"prompt {prompt!r:.120} ({type(prompt).__name__}) is not a seed; use strings (or numbers) as prompts, or "
+        "message lists whose last user message holds the seed."
+    )
+
+
+def _seed_or_error(prompt: object) -> Seed | BaseException:
+    """A bad dataset row fails only its own episode (``prompt_error``), not the batch."""
+    try:
+        return prompt_to_seed(prompt)
+    except TrlEnvError as e:
+        return e
 
 
 def make_rollout_func(
@@ -172,9 +200,13 @@ def make_rollout_func(
             max_context=max_context or getattr(gen, "context_limit", None),
         )
         tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
+        _exclude_failed_from_rewards(trainer)
+        # trl-env decides which episodes are truncated; TRL's own rule (last token not EOS) is switched off.
+        mask_truncated = bool(getattr(trainer.args, "mask_truncated_completions", False))
+        trainer.mask_truncated_completions = False
         with getattr(gen, "session", contextlib.nullcontext)():  # e.g. wake a sleeping colocated vLLM
             rollouts = batch_rollout(
-                [prompt_to_seed(p) for p in prompts],
+                [_seed_or_error(p) for p in prompts],
                 env_factory,
                 processor,
                 tokenizer,
@@ -185,22 +217,41 @@ def make_rollout_func(
                 env_workers=env_workers,
                 env_timeout=env_timeout,
             )
-        _log_metrics(trainer, rollouts)
+        log_metrics(trainer, rollouts)
         step = int(getattr(getattr(trainer, "state", None), "global_step", 0))
         if transcripts is not None and step % max(1, transcripts_every) == 0:
-            write_transcripts(transcripts, rollouts, step=step, tokenizer=tokenizer)
-        return to_trl(rollouts)
+            accelerator = getattr(trainer, "accelerator", None)
+            write_transcripts(
+                transcripts,
+                rollouts,
+                step=step,
+                tokenizer=tokenizer,
+                process_index=int(getattr(accelerator, "process_index", 0)),
+                mode="train" if trainer.model.training else "eval",
+            )
+        return to_trl(rollouts, mask_truncated=mask_truncated)
 
     return rollout_func
 
 
-def to_trl(rollouts: Sequence[Rollout]) -> RolloutOutput:
-    """Convert rollouts to TRL's dict; a failed episode keeps its tokens but is masked out of the loss."""
+def to_trl(rollouts: Sequence[Rollout], *, mask_truncated: bool = False) -> RolloutOutput:
+    """Convert rollouts to TRL's dict.
+
+    A failed episode keeps its tokens but is masked out of the loss (and, through
+    ``make_rollout_func``, out of the reward statistics). With ``mask_truncated`` (TRL's
+    ``mask_truncated_completions``) so is every episode trl-env reports as truncated
+    (``max_turns``, ``length``), and only those. A row without a model turn is one masked
+    stand-in token for prompt and completion, so it fits any model.
+    """
+
+    def masked(r: Rollout) -> bool:
+        return r.ending is Ending.ERROR or (mask_truncated and r.truncated)
+
     return RolloutOutput(
         prompt_ids=[r.prompt_ids for r in rollouts],
         completion_ids=[r.completion_ids for r in rollouts],
         logprobs=[r.logprobs for r in rollouts],
-        env_mask=[[0] * len(r.env_mask) if r.ending is Ending.ERROR else r.env_mask for r in rollouts],
+        env_mask=[[0] * len(r.env_mask) if masked(r) else r.env_mask for r in rollouts],
         env_reward=[r.reward for r in rollouts],
         env_ending=[r.ending.value for r in rollouts],
         env_turns=[len(r.turns) for r in rollouts],
@@ -208,32 +259,86 @@ def to_trl(rollouts: Sequence[Rollout]) -> RolloutOutput:
 
 
 def write_transcripts(
-    path: str | os.PathLike[str], rollouts: Sequence[Rollout], *, step: int | None = None, tokenizer: Any = None
+    path: str | os.PathLike[str],
+    rollouts: Sequence[Rollout],
+    *,
+    step: int | None = None,
+    tokenizer: Any = None,
+    process_index: int = 0,
+    mode: str = "train",
 ) -> None:
     """Append one JSON line per episode to ``path``.
 
-    A line holds the step, seed, ending, reward, error, info, the turns (text, action, delta, reward)
-    and, when ``tokenizer`` is given, the whole decoded conversation.
+    A line holds the step, the process index, the mode (``train``/``eval``), seed, ending, reward,
+    error, info, the turns (text, action, delta, reward) and, when ``tokenizer`` is given, the whole
+    decoded conversation. The lines of one call are written at once under an exclusive file lock,
+    so processes sharing the file never interleave.
     """
+    lines = []
+    for r in rollouts:
+        record = {
+            "step": step,
+            "process_index": process_index,
+            "mode": mode,
+            "seed": r.seed,
+            "ending": r.ending.value,
+            "reward": r.reward,
+            "error": r.error,
+            "info": r.info,
+            "turns": [
+                {k: getattr(t, k) for k in ("text", "reasoning", "action", "delta", "reward", "num_model_tokens")}
+                | {"finish_reason": t.finish_reason.value}
+                for t in r.turns
+            ],
+        }
+        if tokenizer is not None:
+            record["conversation"] = tokenizer.decode(r.prompt_ids + r.completion_ids, skip_special_tokens=False)
+        lines.append(json.dumps(record, ensure_ascii=False, default=str) + "\n")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "a", encoding="utf-8") as f:
-        for r in rollouts:
-            record = {
-                "step": step,
-                "seed": r.seed,
-                "ending": r.ending.value,
-                "reward": r.reward,
-                "error": r.error,
-                "info": r.info,
-                "turns": [
-                    {k: getattr(t, k) for k in ("text", "reasoning", "action", "delta", "reward", "num_model_tokens")}
-                    | {"finish_reason": t.finish_reason.value}
-                    for t in r.turns
-                ],
-            }
-            if tokenizer is not None:
-                record["conversation"] = tokenizer.decode(r.prompt_ids + r.completion_ids, skip_special_tokens=False)
-            f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
+    with open(path, "a", encoding="utf-8") as f, _locked(f):
+        f.write("".join(lines))
+
+
+@contextlib.contextmanager
+def _locked(f: Any) -> Any:
+    """An exclusive advisory lock on an open file, where the platform has one (POSIX)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover  # Windows: appends of one write are not split in practice
+        yield
+        return
+    fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+    try:
+        yield
+        f.flush()
+    finally:
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _exclude_failed_from_rewards(trainer: Any) -> None:
+    """Make TRL treat failed episodes as unscorable, whatever reward functions and weights the user gave.
+
+    TRL 1.16 leaves a row out of its group's mean and std, and gives it advantage 0, only when
+    *every* reward function returned ``None`` for it; a second function returning 0.0 would bring
+    the failed row back in. So the trainer's reward computation is wrapped once: after it ran,
+    the rows of failed episodes (gathered across processes, in TRL's order) are set to NaN.
+    """
+    calculate = getattr(trainer, "_calculate_rewards", None)
+    if calculate is None or getattr(trainer, "_trl_env_excludes_failed", False):
+        return  # not a GRPOTrainer (a stand-in), or already wrapped
+    import torch
+
+    def calculate_rewards(inputs: list[dict[str, Any]], *args: Any) -> Any:
+        rewards = calculate(inputs, *args)  # (rows of every process, reward functions)
+        failed = torch.tensor(
+            [int(row.get("env_ending") == Ending.ERROR.value) for row in inputs], device=rewards.device
+        )
+        failed = trainer.accelerator.gather(failed).bool()
+        rewards[failed] = torch.nan
+        return rewards
+
+    trainer._calculate_rewards = calculate_rewards
+    trainer._trl_env_excludes_failed = True
 
 
 def _make_generator(
@@ -255,22 +360,49 @@ def _make_generator(
     return generator(trainer)  # type: ignore[operator]  # a factory
 
 
-def _log_metrics(trainer: Any, rollouts: Sequence[Rollout]) -> None:
-    """Add rollout statistics to the trainer's logged metrics (they reach wandb/tensorboard with TRL's own)."""
+def log_metrics(trainer: Any, rollouts: Sequence[Rollout]) -> None:
+    """Add the whole run's rollout statistics to the trainer's logged metrics (with TRL's own: wandb, tensorboard).
+
+    Every process calls this with its own rollouts; sums are gathered across processes first, so
+    the rates and means describe every episode of the step, not process 0's.
+    """
     metrics = getattr(trainer, "_metrics", None)
-    if metrics is None or not rollouts:
+    if metrics is None:
         return
-    mode = "train" if trainer.model.training else "eval"
     turns = [t for r in rollouts for t in r.turns]
-    values = {
-        "env/turns_mean": statistics.fmean(len(r.turns) for r in rollouts),
-        "env/model_tokens_mean": statistics.fmean(sum(r.env_mask) for r in rollouts),
-        "env/generation_s_mean": statistics.fmean(t.generation_s for t in turns) if turns else 0.0,
-        "env/step_s_mean": statistics.fmean(t.env_s for t in turns) if turns else 0.0,
+    sums = {
+        "episodes": len(rollouts),
+        "turns": len(turns),
+        "model_tokens": sum(sum(r.env_mask) for r in rollouts),
+        "generation_s": sum(t.generation_s for t in turns),
+        "step_s": sum(t.env_s for t in turns),
     }
     for ending in Ending:
-        values[f"env/ending_{ending.value}_rate"] = sum(r.ending is ending for r in rollouts) / len(rollouts)
+        sums[f"ending_{ending.value}"] = sum(r.ending is ending for r in rollouts)
     for kind in ERROR_KINDS:
-        values[f"env/error_{kind}_rate"] = sum(r.info.get("error_kind") == kind for r in rollouts) / len(rollouts)
+        sums[f"error_{kind}"] = sum(r.info.get("error_kind") == kind for r in rollouts)
+    total = dict(zip(sums, _sum_over_processes(trainer, list(sums.values())), strict=True))
+    episodes, n_turns = max(total["episodes"], 1.0), max(total["turns"], 1.0)
+    values = {
+        "env/turns_mean": total["turns"] / episodes,
+        "env/model_tokens_mean": total["model_tokens"] / episodes,
+        "env/generation_s_mean": total["generation_s"] / n_turns,
+        "env/step_s_mean": total["step_s"] / n_turns,
+    }
+    for ending in Ending:
+        values[f"env/ending_{ending.value}_rate"] = total[f"ending_{ending.value}"] / episodes
+    for kind in ERROR_KINDS:
+        values[f"env/error_{kind}_rate"] = total[f"error_{kind}"] / episodes
+    mode = "train" if trainer.model.training else "eval"
     for key, value in values.items():
         metrics[mode][key].append(value)
+
+
+def _sum_over_processes(trainer: Any, values: list[float]) -> list[float]:
+    accelerator = getattr(trainer, "accelerator", None)
+    if accelerator is None or getattr(accelerator, "num_processes", 1) <= 1:
+        return [float(v) for v in values]
+    import torch
+
+    local = torch.tensor([values], dtype=torch.float64, device=accelerator.device)  # (1, n)
+    return [float(v) for v in accelerator.gather(local).sum(dim=0).tolist()]  # (processes, n) -> (n,)

@@ -7,11 +7,13 @@ answer each request on its own (a server) or a whole wave at once (an in-process
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
+
+from trl_env.errors import ConfigError
 
 
 class FinishReason(str, Enum):
@@ -67,3 +69,113 @@ def resolved(generation: Generation) -> Future[Generation]:
     future: Future[Generation] = Future()
     future.set_result(generation)
     return future
+
+
+# Sampling fields of vLLM's /v1/completions request (0.32) that generation_kwargs may set.
+VLLM_SAMPLING_KEYS = frozenset(
+    {
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "frequency_penalty",
+        "presence_penalty",
+        "seed",
+        "min_tokens",
+        "ignore_eos",
+        "bad_words",
+        "logit_bias",
+        "allowed_token_ids",
+        "length_penalty",
+        "structured_outputs",
+        "response_format",
+        "thinking_token_budget",
+        "priority",
+        "vllm_xargs",
+        "repetition_detection",
+        "spaces_between_special_tokens",
+    }
+)
+# Set by trl-env per turn, or needed to keep the sampled ids and logprobs exact.
+VLLM_MANAGED_KEYS = frozenset(
+    {
+        "model",
+        "prompt",
+        "max_tokens",
+        "n",
+        "stop",
+        "stop_token_ids",
+        "include_stop_str_in_output",
+        "logprobs",
+        "prompt_logprobs",
+        "return_token_ids",
+        "skip_special_tokens",
+        "stream",
+        "echo",
+        "use_beam_search",
+        "truncate_prompt_tokens",
+        "add_special_tokens",
+        "suffix",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The sampling settings of a ``GRPOConfig``, read once and shared by every backend."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    """0 disables it."""
+    min_p: float = 0.0
+    """0.0 disables it."""
+    repetition_penalty: float = 1.0
+    generation_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    """``GRPOConfig.generation_kwargs``: more settings for the backend; each backend refuses keys it cannot honour."""
+
+    @classmethod
+    def from_args(cls, args: Any) -> Sampling:
+        """Read ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``repetition_penalty`` and ``generation_kwargs``."""
+        return cls(
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k or 0,
+            min_p=args.min_p or 0.0,
+            repetition_penalty=args.repetition_penalty,
+            generation_kwargs=dict(getattr(args, "generation_kwargs", None) or {}),
+        )
+
+    def as_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for a backend's constructor."""
+        return dict(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
+            generation_kwargs=dict(self.generation_kwargs),
+        )
+
+
+def check_generation_kwargs(
+    backend: str, kwargs: Mapping[str, Any], *, allowed: Collection[str], managed: Collection[str]
+) -> dict[str, Any]:
+    """Refuse a ``generation_kwargs`` key ``backend`` cannot honour, naming the key and the fix.
+
+    Raises:
+        ConfigError: for a key trl-env sets itself per turn (``managed``) or one the backend does not know.
+    """
+    for key in kwargs:
+        if key in managed:
+            raise ConfigError(
+                f"generation_kwargs[{key!r}]: trl-env sets {key!r} itself for every turn of the {backend} backend "
+                "(budgets, stop tokens, logprobs); remove it (use make_rollout_func's budgets for lengths)."
+            )
+        if key not in allowed:
+            raise ConfigError(
+                f"generation_kwargs[{key!r}] is not a sampling setting the {backend} backend can honour; remove it or "
+                f"use one of: {', '.join(sorted(allowed))}."
+            )
+    return dict(kwargs)

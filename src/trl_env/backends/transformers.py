@@ -15,8 +15,31 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
-from trl_env.backends.base import FinishReason, Generation, GenerationRequest, resolved
+from trl_env.backends.base import (
+    FinishReason,
+    Generation,
+    GenerationRequest,
+    Sampling,
+    check_generation_kwargs,
+    resolved,
+)
 from trl_env.errors import ConfigError
+
+# Set per wave by the engine, or needed for the logprobs: not for generation_kwargs.
+_MANAGED = {
+    "max_new_tokens",
+    "max_length",
+    "min_length",
+    "eos_token_id",
+    "pad_token_id",
+    "do_sample",
+    "num_beams",
+    "num_return_sequences",
+    "output_scores",
+    "output_logits",
+    "return_dict_in_generate",
+    "stop_strings",
+}
 
 
 class TransformersGenerator:
@@ -32,8 +55,9 @@ class TransformersGenerator:
         temperature: float = 1.0,
         top_p: float = 1.0,
         top_k: int = 0,
-        min_p: float | None = None,
+        min_p: float | None = 0.0,
         repetition_penalty: float = 1.0,
+        generation_kwargs: dict[str, Any] | None = None,
         max_batch_size: int = 64,
         unwrap: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
     ) -> None:
@@ -45,8 +69,10 @@ class TransformersGenerator:
             temperature: sampling temperature, > 0 (GRPO samples; greedy decoding has no logprobs to learn from).
             top_p: nucleus sampling; 1.0 disables it.
             top_k: top-k sampling; 0 disables it.
-            min_p: min-p sampling; ``None`` disables it.
+            min_p: min-p sampling; 0.0 or ``None`` disables it.
             repetition_penalty: 1.0 disables it.
+            generation_kwargs: more ``GenerationConfig`` settings (``GRPOConfig.generation_kwargs``); they
+                override the ones above.
             max_batch_size: most sequences per ``generate`` call.
             unwrap: context manager factory yielding the plain model (the trainer's unwrap for generation).
         """
@@ -62,9 +88,13 @@ class TransformersGenerator:
             temperature=temperature,
             top_p=top_p,
             top_k=top_k,
-            min_p=min_p,
+            min_p=min_p or None,
             repetition_penalty=repetition_penalty,
             pad_token_id=pad_token_id,
+        )
+        known = set(GenerationConfig().to_dict())
+        self._sampling.update(
+            check_generation_kwargs("transformers", generation_kwargs or {}, allowed=known - _MANAGED, managed=_MANAGED)
         )
 
     @classmethod
@@ -77,11 +107,7 @@ class TransformersGenerator:
         return cls(
             trainer.model_wrapped,
             pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            top_k=args.top_k or 0,
-            min_p=args.min_p,
-            repetition_penalty=args.repetition_penalty,
+            **Sampling.from_args(args).as_kwargs(),
             max_batch_size=max_batch_size,
             unwrap=lambda: unwrap_model_for_generation(
                 trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=args.ds3_gather_for_generation

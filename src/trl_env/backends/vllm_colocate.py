@@ -14,8 +14,19 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from trl_env.backends.base import FinishReason, Generation, GenerationRequest, resolved
+from trl_env.backends.base import (
+    VLLM_MANAGED_KEYS,
+    VLLM_SAMPLING_KEYS,
+    FinishReason,
+    Generation,
+    GenerationRequest,
+    Sampling,
+    check_generation_kwargs,
+    resolved,
+)
 from trl_env.errors import ServerError
+
+_REQUEST_ONLY = {"response_format", "priority", "vllm_xargs", "length_penalty"}  # HTTP fields, not SamplingParams
 
 
 class VLLMColocateGenerator:
@@ -32,6 +43,7 @@ class VLLMColocateGenerator:
         top_k: int = 0,
         min_p: float = 0.0,
         repetition_penalty: float = 1.0,
+        generation_kwargs: dict[str, Any] | None = None,
         vllm_generation: Any = None,
         sampling_params: Callable[..., Any] | None = None,
     ) -> None:
@@ -44,6 +56,8 @@ class VLLMColocateGenerator:
             top_k: 0 disables it.
             min_p: 0.0 disables it.
             repetition_penalty: 1.0 disables it.
+            generation_kwargs: more ``SamplingParams`` fields (``GRPOConfig.generation_kwargs``); they override
+                the ones above. Keys trl-env sets itself are refused.
             vllm_generation: TRL's ``trainer.vllm_generation``, for sleep/wake and weight re-sync.
             sampling_params: ``vllm.SamplingParams`` or a stand-in with the same keywords.
         """
@@ -59,6 +73,14 @@ class VLLMColocateGenerator:
             min_p=min_p or 0.0,
             repetition_penalty=repetition_penalty,
         )
+        self.sampling.update(
+            check_generation_kwargs(
+                "vLLM colocate",
+                generation_kwargs or {},
+                allowed=VLLM_SAMPLING_KEYS - _REQUEST_ONLY | {"extra_args"},
+                managed=VLLM_MANAGED_KEYS,
+            )
+        )
 
     @classmethod
     def from_trainer(cls, trainer: Any) -> VLLMColocateGenerator:
@@ -66,11 +88,7 @@ class VLLMColocateGenerator:
         args = trainer.args
         return cls(
             trainer.vllm_generation.llm,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            top_k=args.top_k or 0,
-            min_p=args.min_p or 0.0,
-            repetition_penalty=args.repetition_penalty,
+            **Sampling.from_args(args).as_kwargs(),
             vllm_generation=trainer.vllm_generation,
         )
 

@@ -21,7 +21,15 @@ from typing import Any
 
 import requests
 
-from trl_env.backends.base import FinishReason, Generation, GenerationRequest
+from trl_env.backends.base import (
+    VLLM_MANAGED_KEYS,
+    VLLM_SAMPLING_KEYS,
+    FinishReason,
+    Generation,
+    GenerationRequest,
+    Sampling,
+    check_generation_kwargs,
+)
 from trl_env.errors import ConfigError, ServerError
 
 logger = logging.getLogger(__name__)
@@ -45,6 +53,7 @@ class VLLMServerGenerator:
         top_k: int = 0,
         min_p: float = 0.0,
         repetition_penalty: float = 1.0,
+        generation_kwargs: dict[str, Any] | None = None,
         max_in_flight: int = 256,
         timeout: float = 300.0,
         connect_timeout: float = 5.0,
@@ -64,6 +73,8 @@ class VLLMServerGenerator:
             top_k: 0 disables it.
             min_p: 0.0 disables it.
             repetition_penalty: 1.0 disables it.
+            generation_kwargs: more vLLM sampling fields for every request (``GRPOConfig.generation_kwargs``);
+                they override the ones above. Keys trl-env sets itself or vLLM does not sample with are refused.
             max_in_flight: most requests in flight at once (threads of the request pool).
             timeout: seconds one request may take (connect and read) before it is retried.
             connect_timeout: seconds to wait for a server to answer at start.
@@ -91,6 +102,11 @@ class VLLMServerGenerator:
             top_k=top_k or -1,
             min_p=min_p or 0.0,
             repetition_penalty=repetition_penalty,
+        )
+        self.sampling.update(
+            check_generation_kwargs(
+                "vLLM server", generation_kwargs or {}, allowed=VLLM_SAMPLING_KEYS, managed=VLLM_MANAGED_KEYS
+            )
         )
         self.timeout, self.retries, self.backoff = timeout, retries, backoff
         self.extra_body = dict(extra_body or {})
@@ -122,12 +138,7 @@ class VLLMServerGenerator:
             base_url = getattr(args, "vllm_server_base_url", None) or (
                 f"http://{args.vllm_server_host}:{args.vllm_server_port}"
             )
-        options.setdefault("temperature", args.temperature)
-        options.setdefault("top_p", args.top_p)
-        options.setdefault("top_k", args.top_k or 0)
-        options.setdefault("min_p", args.min_p or 0.0)
-        options.setdefault("repetition_penalty", args.repetition_penalty)
-        return cls(base_url, **options)
+        return cls(base_url, **(Sampling.from_args(args).as_kwargs() | options))
 
     def submit(self, requests: Sequence[GenerationRequest]) -> list[Future[Generation]]:
         """Send each request on its own; each future resolves when its answer arrives."""
