@@ -616,19 +616,19 @@ def test_numpy_rewards_and_flags_are_accepted(tokenizer):
 
 
 def test_workers_are_stopped_and_hold_nothing_when_a_rollout_returns(tokenizer):
-    envs = []
+    refs = []
 
     def factory():
-        envs.append(ScriptedEnv())
-        return envs[-1]
+        env = ScriptedEnv()
+        refs.append(weakref.ref(env))
+        return env
 
     generator = scripted(tokenizer, p_stop=1.0)
-    rollouts = batch_rollout([GOOD] * 8, factory, ChatMLProcessor(), tokenizer, generator, env_workers=4)
-    refs = [weakref.ref(e) for e in envs]
     gen_ref = weakref.ref(generator)
-    del envs, factory, generator
+    rollouts = batch_rollout([GOOD] * 8, factory, ChatMLProcessor(), tokenizer, generator, env_workers=4)
+    del generator
     gc.collect()
-    assert len(rollouts) == 8
+    assert len(rollouts) == 8 and len(refs) == 8
     assert not [t.name for t in threading.enumerate() if t.name.startswith("trl-env-worker")]
     assert all(r() is None for r in refs) and gen_ref() is None
 
