@@ -15,12 +15,25 @@ from collections import Counter
 
 import requests
 
-ENV_FAULTS = {"env_exception": 0.10, "env_hang": 0.05, "env_bad_return": 0.02, "env_nan_reward": 0.01}
+ENV_FAULTS = {
+    "env_exception": 0.10,
+    "env_hang": 0.05,
+    "env_bad_return": 0.02,
+    "env_nan_reward": 0.01,
+    "reset_exception": 0.02,
+    "close_hang": 0.02,
+    "close_exception": 0.02,
+}
+"""Share of episodes per fault, drawn from the seed. Seed "0" (the first row) always fails at reset."""
+FACTORY_FAULT_EVERY = {"factory_exception": 53, "factory_none": 71}
+"""Every N-th ``FaultyFactory`` call fails this way (the factory cannot see the seed)."""
 HANG = threading.Event()  # set at the end of a test to let abandoned threads finish
 
 
 def env_fault_of(seed: str) -> tuple[str | None, int]:
     """The fault an episode's env will inject, and at which step (1-3); deterministic in the seed."""
+    if seed == "0":
+        return "reset_exception", 0
     rng = random.Random(f"env-{seed}")
     r, at, edge = rng.random(), rng.randint(1, 3), 0.0
     for kind, share in ENV_FAULTS.items():
@@ -38,7 +51,15 @@ class FaultyEnv:
 
     def reset(self, seed):
         self.fault, self.at = env_fault_of(seed)
+        if self.fault == "reset_exception":
+            raise RuntimeError("injected reset crash")
         return self, f"episode {seed}: say anything"
+
+    def close(self):
+        if self.fault == "close_hang":
+            HANG.wait()
+        if self.fault == "close_exception":
+            raise RuntimeError("injected close crash")
 
     def step(self, action):
         self.turn += 1
@@ -55,6 +76,26 @@ class FaultyEnv:
         self.reward += 0.5 if action else 0.0
         self.alive = self.turn < 3
         return self, f"turn {self.turn} ok"
+
+
+class FaultyFactory:
+    """Builds ``FaultyEnv``s; every N-th call raises or returns None (``FACTORY_FAULT_EVERY``), counted."""
+
+    def __init__(self) -> None:
+        self.calls, self.injected, self._lock = 0, Counter(), threading.Lock()
+
+    def __call__(self):
+        with self._lock:
+            self.calls += 1
+            n = self.calls
+        for kind, every in FACTORY_FAULT_EVERY.items():
+            if n % every == 0:
+                with self._lock:
+                    self.injected[kind] += 1
+                if kind == "factory_exception":
+                    raise RuntimeError("injected factory crash")
+                return None
+        return FaultyEnv()
 
 
 class FaultProxy:

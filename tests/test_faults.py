@@ -16,7 +16,7 @@ from concurrent.futures import Future
 
 import pytest
 import requests
-from faults import HANG, FaultProxy, FaultyEnv, env_fault_of
+from faults import HANG, FaultProxy, FaultyEnv, FaultyFactory, env_fault_of
 
 from trl_env import (
     Budgets,
@@ -35,7 +35,11 @@ ENV_KIND = {
     "env_hang": "env_timeout",
     "env_bad_return": "env_bad_return",
     "env_nan_reward": "env_bad_return",
+    "reset_exception": "env_exception",
+    "close_hang": None,  # the episode is whole; info["close_error"] says what happened
+    "close_exception": None,
 }
+FACTORY_ERRORS = {"injected factory crash": "factory_exception", "env_factory() returned None": "factory_none"}
 SERVER_FAULTS = {"http_5xx": 0.05, "dropped_connection": 0.02, "malformed_output": 0.01}
 
 
@@ -74,7 +78,7 @@ class FaultySeam:
 
 
 def check_rows(rollouts):
-    """TRL's contract and the failure policy, row by row."""
+    """TRL's contract and the failure policy, row by row; with two reward functions, failed rows stay unscorable."""
     out = to_trl(rollouts)
     assert all(len(v) == len(rollouts) for v in out.values())
     for i, r in enumerate(rollouts):
@@ -85,25 +89,79 @@ def check_rows(rollouts):
             assert set(mask) == {0} and out["env_reward"][i] is None and r.error and r.info["error_kind"]
         elif not r.info.get("placeholder"):
             assert out["env_reward"][i] is not None and math.isfinite(out["env_reward"][i])
+    check_scoring_with_a_second_reward_function(out)
     return out
+
+
+def check_scoring_with_a_second_reward_function(out):
+    """Through trl-env's wrapper of TRL's reward computation: env_reward plus a format reward that scores every row."""
+    import torch
+
+    from trl_env.trl import _exclude_failed_from_rewards
+
+    rows = [{"env_ending": e} for e in out["env_ending"]]
+    per_func = torch.tensor([[math.nan if r is None else r, 0.0] for r in out["env_reward"]])  # (rows, 2 funcs)
+
+    class Trainer:  # the two attributes the wrapper uses; one process
+        class accelerator:  # noqa: N801
+            gather = staticmethod(lambda t: t)
+
+        def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+            return per_func.clone()
+
+    trainer = Trainer()
+    _exclude_failed_from_rewards(trainer)
+    rewards = trainer._calculate_rewards(rows, None, None, None)
+    failed = torch.tensor([e == "error" for e in out["env_ending"]])
+    assert rewards[failed].isnan().all()  # TRL's rule: every function None -> out of the group stats, advantage 0
+    assert not rewards[~failed, 1].isnan().any()
 
 
 def expected_kind(seed, first_server_turn):
     fault, at = env_fault_of(seed)
     server_at = first_server_turn if first_server_turn is not None else math.inf
-    env_at = at if fault is not None else math.inf
+    env_at = at if ENV_KIND.get(fault) is not None else math.inf  # close faults leave the episode whole
     if server_at <= env_at and server_at < math.inf:
         return "server_error"
-    return ENV_KIND[fault] if fault is not None else None
+    return ENV_KIND.get(fault)
+
+
+def factory_fault(r):
+    """The factory fault that ended ``r``, if any (the factory cannot see the seed: recognised by its message)."""
+    return next((kind for text, kind in FACTORY_ERRORS.items() if text in r.error), None)
+
+
+def check_outcomes(seeds, rollouts, factory, first_server_fault):
+    for seed, r in zip(seeds, rollouts, strict=True):
+        fault = env_fault_of(seed)[0]
+        if factory_fault(r) is not None:
+            assert (
+                r.info["error_kind"]
+                == {"factory_exception": "env_exception", "factory_none": "env_bad_return"}[factory_fault(r)]
+            )
+            continue
+        kind = r.info.get("error_kind")
+        if first_server_fault is None and kind == "server_error":  # real server: malformed answer or outlived retries
+            assert "127.0.0.1" in r.error
+            continue
+        expected = expected_kind(seed, (first_server_fault or {}).get(seed))
+        assert kind == expected, (seed, r.error)
+        if fault in ("close_hang", "close_exception") and r.ending is not Ending.ERROR:
+            assert ("did not return within" if fault == "close_hang" else "injected close crash") in r.info[
+                "close_error"
+            ], r.info
+    assert rollouts[0].info["error_kind"] == "env_exception" and not rollouts[0].turns  # row 0 failed at reset
+    assert Counter(filter(None, map(factory_fault, rollouts))) == factory.injected
 
 
 def test_1000_episodes_with_injected_faults_in_process(tokenizer, model):
     seam = FaultySeam(TransformersGenerator(model, pad_token_id=tokenizer.pad_token_id), tokenizer)
     seeds = [str(i) for i in range(1000)]
+    factory = FaultyFactory()
     started = time.perf_counter()
     rollouts = batch_rollout(
         seeds,
-        FaultyEnv,
+        factory,
         ChatMLProcessor(),
         tokenizer,
         seam,
@@ -115,14 +173,16 @@ def test_1000_episodes_with_injected_faults_in_process(tokenizer, model):
     wall = time.perf_counter() - started
     check_rows(rollouts)
     kinds = Counter(r.info.get("error_kind") for r in rollouts)
-    for seed, r in zip(seeds, rollouts, strict=False):
-        assert r.info.get("error_kind") == expected_kind(seed, seam.first_fault.get(seed)), (seed, r.error)
+    check_outcomes(seeds, rollouts, factory, seam.first_fault)
     injected_env = Counter(env_fault_of(s)[0] for s in seeds)
+    closes = Counter(r.info["close_error"].split(":")[0][:40] for r in rollouts if "close_error" in r.info)
     print(
-        f"\n[faults/in-process] 1000 episodes in {wall:.1f} s; env faults planned {dict(injected_env)}; "
-        f"generator faults injected {dict(seam.injected)}; outcomes {dict(kinds)}"
+        f"\n[faults/in-process] 1000 episodes in {wall:.1f} s; env faults planned {dict(injected_env)}; factory faults "
+        f"{dict(factory.injected)}; generator faults injected {dict(seam.injected)}; outcomes {dict(kinds)}; "
+        f"close errors {dict(closes)}"
     )
     assert kinds["env_timeout"] > 20 and kinds["env_exception"] > 50 and kinds["server_error"] > 30
+    assert sum(factory.injected.values()) > 10 and sum(closes.values()) > 10
 
 
 @pytest.mark.usefixtures("vllm_server")
@@ -133,10 +193,11 @@ def test_1000_episodes_with_injected_faults_against_the_real_vllm_server(vllm_se
     with FaultProxy(vllm_server.base_url, SERVER_FAULTS, seed=1) as proxy:
         gen = VLLMServerGenerator(proxy.url, retries=2, backoff=0.05, timeout=60)
         seeds = [str(i) for i in range(1000)]
+        factory = FaultyFactory()
         started = time.perf_counter()
         rollouts = batch_rollout(
             seeds,
-            FaultyEnv,
+            factory,
             ChatMLProcessor(),
             tokenizer,
             gen,
@@ -148,16 +209,12 @@ def test_1000_episodes_with_injected_faults_against_the_real_vllm_server(vllm_se
         wall = time.perf_counter() - started
     check_rows(rollouts)
     kinds = Counter(r.info.get("error_kind") for r in rollouts)
-    for seed, r in zip(seeds, rollouts, strict=False):
-        kind = r.info.get("error_kind")
-        if kind == "server_error":  # a malformed answer (not retried), or a fault that outlived the retries
-            assert "127.0.0.1" in r.error
-        else:
-            assert kind == expected_kind(seed, None), (seed, r.error)
+    check_outcomes(seeds, rollouts, factory, None)
     print(
         f"\n[faults/vllm] 1000 episodes in {wall:.1f} s; proxy injected {dict(proxy.injected)} "
         f"(forwarded {proxy.forwarded}); outcomes {dict(kinds)}"
     )
+    print(f"[faults/vllm] factory faults {dict(factory.injected)}")
     malformed = sum("without usable token_ids" in r.error for r in rollouts)
     outlived = sum("failed 3 times" in r.error for r in rollouts)  # 3 faults in a row on one request
     assert 0 < malformed <= proxy.injected["malformed_output"] and malformed + outlived == kinds["server_error"]
