@@ -84,3 +84,23 @@ def test_an_unusable_output_ends_only_its_episode(tokenizer):
     rollouts = batch_rollout(['{"n": 1, "deltas": ["a"]}'] * 2, ScriptedEnv, ChatMLProcessor(), tokenizer, gen)
     assert sorted(r.ending.value for r in rollouts) == ["env_done", "error"]
     assert "abort" in next(r.error for r in rollouts if r.ending is Ending.ERROR)
+
+
+def test_generation_kwargs_reach_sampling_params_or_are_refused_by_name(tokenizer):
+    import pytest
+
+    from trl_env import ConfigError
+
+    @dataclass
+    class SeededParams(Params):
+        seed: int = -1
+
+    llm = FakeLLM(tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    gen = VLLMColocateGenerator(llm, generation_kwargs={"top_k": 1, "seed": 7}, sampling_params=SeededParams)
+    batch_rollout(['{"n": 1, "deltas": ["a"]}'], ScriptedEnv, ChatMLProcessor(), tokenizer, gen)
+    params = llm.calls[0][1][0]
+    assert params.top_k == 1 and params.seed == 7
+    with pytest.raises(ConfigError, match="sets 'max_tokens' itself"):
+        VLLMColocateGenerator(llm, generation_kwargs={"max_tokens": 3}, sampling_params=Params)
+    with pytest.raises(ConfigError, match="'response_format'.* not a sampling setting"):
+        VLLMColocateGenerator(llm, generation_kwargs={"response_format": {}}, sampling_params=Params)

@@ -270,3 +270,29 @@ def test_throughput_16_concurrent(vllm_server):
         dt = time.perf_counter() - t
     assert results == [(32, 32)] * 16
     print(f"\n[vllm] 16 concurrent x 32 tokens: {dt:.2f} s, {16 / dt:.1f} req/s, {16 * 32 / dt:.0f} tok/s")
+
+
+def test_generation_kwargs_top_k_1_reaches_the_server(vllm_server, tokenizer):
+    """GRPOConfig.generation_kwargs={"top_k": 1}: the server's processed logprob of each sampled id is then 0."""
+    from trl_env import Budgets, ChatMLProcessor, VLLMServerGenerator, batch_rollout
+
+    class Echo:
+        reward, alive = 0.0, True
+
+        def reset(self, seed):
+            return self, f"say {seed}"
+
+        def step(self, action):
+            self.alive = False
+            return self, "done"
+
+    def model_logprobs(generator):
+        rollouts = batch_rollout(
+            ["a", "b", "c"], Echo, ChatMLProcessor(), tokenizer, generator, budgets=Budgets(max_new_tokens=6)
+        )
+        return [lp for r in rollouts for lp, m in zip(r.logprobs, r.env_mask, strict=True) if m]
+
+    greedy = model_logprobs(VLLMServerGenerator(vllm_server.base_url, generation_kwargs={"top_k": 1}))
+    sampled = model_logprobs(VLLMServerGenerator(vllm_server.base_url))
+    assert greedy and max(abs(lp) for lp in greedy) < 1e-5
+    assert min(sampled) < -0.1  # without it, the same server's logprobs are those of a spread distribution
