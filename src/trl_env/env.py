@@ -25,9 +25,11 @@ class Env(Protocol):
     ``reset(seed)`` starts an episode and returns the env to use from then on (usually ``self``)
     and the first observation text. ``step(action)`` applies the model's action and returns the
     env and the observation text for the next turn. After each call, ``reward`` is the episode's
-    reward so far (the engine reports the value after the last step as the episode reward) and
-    ``alive`` says whether the episode goes on. An env may also have a ``close()`` method: the engine
-    calls it (on a worker thread) once its episode has ended, however it ended.
+    reward so far (the engine reads it once, when the call returns, and reports the value after the
+    last step as the episode reward) and ``alive`` says whether the episode goes on. An env may also
+    have a ``close()`` method: the engine calls it (on a worker thread, bounded by ``env_timeout``)
+    once its episode has ended, however it ended. Env code runs on worker threads, several episodes
+    at once: guard state shared between instances (the global ``random``, a parser) with a lock.
 
     Example::
 
