@@ -10,10 +10,10 @@ import pytest
 from helpers import ScriptedEnv
 
 from trl_env import Budgets, ChatMLProcessor, Generation, batch_rollout, get_processor
-from trl_env.additivity import RolloutCheck, check_additivity, check_rollout, sample_conversations
 from trl_env.backends.base import FinishReason, resolved
-from trl_env.cli import main
-from trl_env.processors.offline import load_tokenizer
+from trl_env.testing.tokenizers import load_tokenizer
+from trl_env.tools.additivity import RolloutCheck, check_additivity, check_rollout, sample_conversations
+from trl_env.tools.cli import main
 
 
 def test_chatml_on_the_tiny_tokenizer_joins_additively_and_matches_its_template(tokenizer):

@@ -29,7 +29,7 @@ def run(args: list[str]) -> tuple[int, str]:
 def test_cli_and_training_script_exit_with_rc_0_every_time(tmp_path):
     model = save_tiny_model(tmp_path / "tiny")
     env = "experiment/examples/guess_number.py:GuessNumberEnv"
-    cli = [sys.executable, "-m", "trl_env.cli", "eval", "--env", env, "--model", str(model), "--n", "8",
+    cli = [sys.executable, "-m", "trl_env.tools.cli", "eval", "--env", env, "--model", str(model), "--n", "8",
            "--max-turns", "3", "--max-new-tokens", "6", "--parse-truncated-turns"]  # fmt: skip
     train = [sys.executable, "experiment/examples/guess_number.py", "--model", "tiny", "--steps", "1"]
     jobs = [cli + ["--out", str(tmp_path / f"eval{i}")] for i in range(RUNS_CLI)]

@@ -8,10 +8,10 @@ import pytest
 
 from trl_env import Ending, Rollout
 from trl_env.backends.base import FinishReason
-from trl_env.cli import main
-from trl_env.evaluate import summarize
+from trl_env.rollout.records import Turn
 from trl_env.testing import save_tiny_model
-from trl_env.trajectory import Turn
+from trl_env.tools.cli import main
+from trl_env.tools.evaluate import summarize
 
 GUESS = "experiment/examples/guess_number.py:GuessNumberEnv"
 

@@ -3,7 +3,7 @@
 import pytest
 
 from trl_env import ChatMLProcessor, ConfigError, Env, Processor, get_processor, split_reasoning
-from trl_env.processor import stop_token_ids
+from trl_env.processors.base import stop_token_ids
 
 
 def render_like_engine(processor, user_turns, assistant_turns):

@@ -33,7 +33,7 @@ from trl_env import (
     make_rollout_func,
     to_trl,
 )
-from trl_env.trl import write_transcripts
+from trl_env.integrations.grpo import write_transcripts
 
 IM_END = "<|im_end|>"
 
@@ -459,8 +459,8 @@ def test_generation_kwargs_reach_the_vllm_server_request():
 
 
 def _write_many(path, process_index):
-    from trl_env.trajectory import Ending as E
-    from trl_env.trajectory import Rollout
+    from trl_env.rollout.records import Ending as E
+    from trl_env.rollout.records import Rollout
 
     rollouts = [
         Rollout(

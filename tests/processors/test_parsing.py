@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trl_env import get_processor
-from trl_env.processor import ParseStatus, parse_output
 from trl_env.processors import PROCESSORS
+from trl_env.processors.base import ParseStatus, parse_output
 
 NAMES = list(PROCESSORS)
 # Reasoning and action texts with no markup, no outer whitespace (parse strips).

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 from trl_env.errors import ConfigError
-from trl_env.processor import Processor
+from trl_env.processors.base import Processor
 from trl_env.processors.chatml import QWEN2_5_SYSTEM_PROMPT, SMOLLM2_SYSTEM_PROMPT, ChatMLProcessor
 from trl_env.processors.deepseek_r1 import DeepSeekR1Processor
 from trl_env.processors.derived import TemplateProcessor, from_tokenizer

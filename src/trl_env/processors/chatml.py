@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trl_env.processor import ParsedOutput, parse_output
+from trl_env.processors.base import ParsedOutput, parse_output
 
 QWEN2_5_SYSTEM_PROMPT = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 """What Qwen2.5-Instruct's template writes when the conversation has no system message."""

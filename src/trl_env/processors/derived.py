@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trl_env.errors import ProcessorError
-from trl_env.processor import ParsedOutput, Processor, parse_output
+from trl_env.processors.base import ParsedOutput, Processor, parse_output
 
 _USERS = ("Xq7 first user", "Xq7 second user", "Xq7 third user")
 _REPLIES = ("Zr5 first reply", "Zr5 second reply")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trl_env.processor import ParsedOutput, parse_output
+from trl_env.processors.base import ParsedOutput, parse_output
 
 LLAMA3_1_DATE = "26 Jul 2024"
 """The "Today Date" the Llama 3.1 and 3.3 templates write unless ``date_string`` is passed."""

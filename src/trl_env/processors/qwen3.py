@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trl_env.processor import ParsedOutput, parse_output
+from trl_env.processors.base import ParsedOutput, parse_output
 
 
 @dataclass(frozen=True)

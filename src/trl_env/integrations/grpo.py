@@ -24,7 +24,7 @@ from trl_env.backends.vllm_colocate import VLLMColocateGenerator
 from trl_env.backends.vllm_server import VLLMServerGenerator
 from trl_env.env import Env, Seed
 from trl_env.errors import ERROR_KINDS, ConfigError, TrlEnvError
-from trl_env.processor import check_processor
+from trl_env.processors.base import check_processor
 from trl_env.rollout import Budgets, Ending, Rollout, batch_rollout
 
 MIN_TRL = "1.16.0"

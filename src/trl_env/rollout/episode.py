@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from trl_env.backends.base import FinishReason, Generation
 from trl_env.env import Env, Seed, check_result
 from trl_env.errors import ConfigError, EnvError, EnvTimeoutError, EpisodeFailure, ProcessorError
-from trl_env.trajectory import Budgets, Ending, Rollout, Turn
+from trl_env.rollout.records import Budgets, Ending, Rollout, Turn
 
 T = TypeVar("T")
 _SENTINEL = "TRLENVDELTA7f3a9c"  # plain text no processor rewrites; locates the env text in a rendering

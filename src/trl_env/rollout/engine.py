@@ -19,7 +19,6 @@ from typing import Any, Literal
 
 from trl_env.backends.base import FinishReason, Generation, GenerationRequest, Generator
 from trl_env.env import Env, Seed
-from trl_env.episode import Calls, EnvText, Episode, Opened, Stepped, check_env_timeout
 from trl_env.errors import (
     ConfigError,
     EnvError,
@@ -28,9 +27,10 @@ from trl_env.errors import (
     ServerError,
     TrlEnvError,
 )
-from trl_env.processor import check_processor, stop_token_ids
-from trl_env.trajectory import Budgets, Ending, Rollout, Turn
-from trl_env.workers import Workers, drain
+from trl_env.processors.base import check_processor, stop_token_ids
+from trl_env.rollout.episode import Calls, EnvText, Episode, Opened, Stepped, check_env_timeout
+from trl_env.rollout.records import Budgets, Ending, Rollout, Turn
+from trl_env.rollout.workers import Workers, drain
 
 __all__ = ["Budgets", "Ending", "Rollout", "Turn", "batch_rollout"]
 

@@ -1,6 +1,6 @@
 """What an episode produces: ``Turn`` and ``Rollout`` records, their ``Ending``, and the ``Budgets`` that bound them.
 
-All are frozen dataclasses; ``trl_env.rollout`` builds them and ``trl_env.trl`` converts them to TRL's dict.
+All are frozen dataclasses; the engine builds them and ``trl_env.integrations.grpo`` converts them to TRL's dict.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Evaluation without training: run an env + processor against a vLLM server or a local model, summarise, save.
 
-``trl-env eval`` (see ``trl_env.cli``) is the command-line face of ``evaluate``: a progress bar, a
+``trl-env eval`` (see ``trl_env.tools.cli``) is the command-line face of ``evaluate``: a progress bar, a
 summary table, JSONL transcripts and a readable markdown view of every episode.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 from trl_env.env import Env
 from trl_env.errors import ConfigError
-from trl_env.trajectory import Budgets, Ending, Rollout
+from trl_env.rollout.records import Budgets, Ending, Rollout
 
 
 @dataclass(frozen=True)
@@ -122,8 +122,8 @@ def evaluate(
     """Run one episode per seed and summarise; with ``out_dir``, also write transcripts (JSONL and markdown)."""
     from tqdm.auto import tqdm
 
+    from trl_env.integrations.grpo import write_transcripts
     from trl_env.rollout import batch_rollout
-    from trl_env.trl import write_transcripts
 
     bar = tqdm(total=len(seeds), desc="episodes", disable=not progress)
     started = time.perf_counter()

@@ -1,0 +1,6 @@
+"""The rollout engine: batch_rollout (engine.py), one episode's state and calls (episode.py), records (records.py)."""
+
+from trl_env.rollout.engine import batch_rollout
+from trl_env.rollout.records import Budgets, Ending, Rollout, Turn
+
+__all__ = ["Budgets", "Ending", "Rollout", "Turn", "batch_rollout"]
