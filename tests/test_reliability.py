@@ -33,7 +33,7 @@ from trl_env import (
     make_rollout_func,
     to_trl,
 )
-from trl_env.integrations.grpo import write_transcripts
+from trl_env.rollout.transcripts import write_transcripts
 
 IM_END = "<|im_end|>"
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
-import json
 import numbers
 import os
 from collections.abc import Callable, Sequence
@@ -26,6 +25,7 @@ from trl_env.env import Env, Seed
 from trl_env.errors import ERROR_KINDS, ConfigError, TrlEnvError
 from trl_env.processors.base import check_processor
 from trl_env.rollout import Budgets, Ending, Rollout, batch_rollout
+from trl_env.rollout.transcripts import write_transcripts
 
 MIN_TRL = "1.16.0"
 
@@ -256,63 +256,6 @@ def to_trl(rollouts: Sequence[Rollout], *, mask_truncated: bool = False) -> Roll
         env_ending=[r.ending.value for r in rollouts],
         env_turns=[len(r.turns) for r in rollouts],
     )
-
-
-def write_transcripts(
-    path: str | os.PathLike[str],
-    rollouts: Sequence[Rollout],
-    *,
-    step: int | None = None,
-    tokenizer: Any = None,
-    process_index: int = 0,
-    mode: str = "train",
-) -> None:
-    """Append one JSON line per episode to ``path``.
-
-    A line holds the step, the process index, the mode (``train``/``eval``), seed, ending, reward,
-    error, info, the turns (text, action, delta, reward) and, when ``tokenizer`` is given, the whole
-    decoded conversation. The lines of one call are written at once under an exclusive file lock,
-    so processes sharing the file never interleave.
-    """
-    lines = []
-    for r in rollouts:
-        record = {
-            "step": step,
-            "process_index": process_index,
-            "mode": mode,
-            "seed": r.seed,
-            "ending": r.ending.value,
-            "reward": r.reward,
-            "error": r.error,
-            "info": r.info,
-            "turns": [
-                {k: getattr(t, k) for k in ("text", "reasoning", "action", "delta", "reward", "num_model_tokens")}
-                | {"finish_reason": t.finish_reason.value}
-                for t in r.turns
-            ],
-        }
-        if tokenizer is not None:
-            record["conversation"] = tokenizer.decode(r.prompt_ids + r.completion_ids, skip_special_tokens=False)
-        lines.append(json.dumps(record, ensure_ascii=False, default=str) + "\n")
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "a", encoding="utf-8") as f, _locked(f):
-        f.write("".join(lines))
-
-
-@contextlib.contextmanager
-def _locked(f: Any) -> Any:
-    """An exclusive advisory lock on an open file, where the platform has one (POSIX)."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover  # Windows: appends of one write are not split in practice
-        yield
-        return
-    fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-    try:
-        yield
-        f.flush()
-    finally:
-        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def _exclude_failed_from_rewards(trainer: Any) -> None:

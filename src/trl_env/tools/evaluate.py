@@ -19,6 +19,7 @@ from typing import Any
 from trl_env.env import Env
 from trl_env.errors import ConfigError
 from trl_env.rollout.records import Budgets, Ending, Rollout
+from trl_env.rollout.transcripts import write_transcripts
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,6 @@ def evaluate(
     """Run one episode per seed and summarise; with ``out_dir``, also write transcripts (JSONL and markdown)."""
     from tqdm.auto import tqdm
 
-    from trl_env.integrations.grpo import write_transcripts
     from trl_env.rollout import batch_rollout
 
     bar = tqdm(total=len(seeds), desc="episodes", disable=not progress)
