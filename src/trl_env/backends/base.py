@@ -7,6 +7,7 @@ answer each request on its own (a server) or a whole wave at once (an in-process
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -55,13 +56,70 @@ class Generator(Protocol):
     With ``continuous = True`` (a server) the engine submits each episode's turn as soon as that
     episode is ready; with ``False`` (an in-process model) it waits until every episode that is
     still running is ready and submits them as one wave, the batch the backend needs anyway.
+    ``context_limit`` is the model's context length (``None``: unknown), and ``session()`` wraps one
+    rollout (e.g. wakes a sleeping engine). ``GeneratorBase`` gives both their defaults; a plain
+    object with only ``continuous`` and ``submit`` is accepted too (``as_generator``).
     """
 
     continuous: bool
 
+    @property
+    def context_limit(self) -> int | None:
+        """Most prompt + completion tokens the model takes; ``None`` if unknown."""
+        ...
+
+    def session(self) -> contextlib.AbstractContextManager[None]:
+        """Wrap one rollout."""
+        ...
+
     def submit(self, requests: Sequence[GenerationRequest]) -> list[Future[Generation]]:
         """Start sampling ``requests``; one future per request, in order."""
         ...
+
+
+class GeneratorBase:
+    """Defaults for a generator's optional capabilities: subclass it and write ``continuous`` and ``submit``."""
+
+    continuous: bool = True
+
+    @property
+    def context_limit(self) -> int | None:
+        """Unknown by default."""
+        return None
+
+    def session(self) -> contextlib.AbstractContextManager[None]:
+        """Nothing to do around a rollout by default."""
+        return contextlib.nullcontext()
+
+    def submit(self, requests: Sequence[GenerationRequest]) -> list[Future[Generation]]:
+        """Start sampling ``requests``; one future per request, in order."""
+        raise NotImplementedError
+
+
+class _Minimal(GeneratorBase):
+    """A plain object with ``continuous`` and ``submit``, given the defaults of ``GeneratorBase``."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.continuous = inner, bool(inner.continuous)
+
+    def submit(self, requests: Sequence[GenerationRequest]) -> list[Future[Generation]]:
+        return list(self.inner.submit(requests))
+
+
+def as_generator(generator: object) -> Generator:
+    """``generator`` as a full ``Generator``: a ``GeneratorBase`` (or a complete one) as it is, a minimal one wrapped.
+
+    Raises:
+        ConfigError: for an object without ``continuous`` and ``submit``.
+    """
+    if isinstance(generator, GeneratorBase) or isinstance(generator, Generator):
+        return generator  # type: ignore[return-value]  # checked by the runtime protocol
+    if callable(getattr(generator, "submit", None)) and hasattr(generator, "continuous"):
+        return _Minimal(generator)
+    raise ConfigError(
+        f"{type(generator).__name__} is not a generator: it needs `continuous: bool` and "
+        "`submit(requests) -> list[Future[Generation]]` (subclass trl_env.backends.base.GeneratorBase)."
+    )
 
 
 def resolved(generation: Generation) -> Future[Generation]:

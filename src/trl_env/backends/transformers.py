@@ -19,6 +19,7 @@ from trl_env.backends.base import (
     FinishReason,
     Generation,
     GenerationRequest,
+    GeneratorBase,
     Sampling,
     check_generation_kwargs,
     resolved,
@@ -42,7 +43,7 @@ _MANAGED = {
 }
 
 
-class TransformersGenerator:
+class TransformersGenerator(GeneratorBase):
     """Samples turns with ``model.generate`` in waves (``continuous = False``)."""
 
     continuous = False

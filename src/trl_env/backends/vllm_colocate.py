@@ -20,6 +20,7 @@ from trl_env.backends.base import (
     FinishReason,
     Generation,
     GenerationRequest,
+    GeneratorBase,
     Sampling,
     check_generation_kwargs,
     resolved,
@@ -29,7 +30,7 @@ from trl_env.errors import ServerError
 _REQUEST_ONLY = {"response_format", "priority", "vllm_xargs", "length_penalty"}  # HTTP fields, not SamplingParams
 
 
-class VLLMColocateGenerator:
+class VLLMColocateGenerator(GeneratorBase):
     """Samples turns with an in-process ``vllm.LLM`` (``continuous = False``)."""
 
     continuous = False

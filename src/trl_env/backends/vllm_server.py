@@ -27,6 +27,7 @@ from trl_env.backends.base import (
     FinishReason,
     Generation,
     GenerationRequest,
+    GeneratorBase,
     Sampling,
     check_generation_kwargs,
 )
@@ -38,7 +39,7 @@ PostFn = Callable[..., Any]
 """``post(url, json=..., timeout=...) -> response`` with ``.status_code``, ``.text``, ``.json()`` (requests' shape)."""
 
 
-class VLLMServerGenerator:
+class VLLMServerGenerator(GeneratorBase):
     """Samples each turn with its own HTTP request to one or more vLLM servers (``continuous = True``)."""
 
     continuous = True
@@ -120,8 +121,7 @@ class VLLMServerGenerator:
         self._pool = ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="trl-env-http")
         self._lock = threading.Lock()
         self._in_flight = dict.fromkeys(self.urls, 0)
-        self.context_limit: int | None = None
-        """The server's ``max_model_len``, from ``/v1/models``."""
+        self._context_limit: int | None = None
         self.served_model = self._discover_model(connect_timeout, model)
         self.model = self.served_model
         """The ``model`` field of requests: the served model, or a LoRA adapter's name once one is loaded."""
@@ -139,6 +139,11 @@ class VLLMServerGenerator:
                 f"http://{args.vllm_server_host}:{args.vllm_server_port}"
             )
         return cls(base_url, **(Sampling.from_args(args).as_kwargs() | options))
+
+    @property
+    def context_limit(self) -> int | None:
+        """The server's ``max_model_len``, from ``/v1/models``."""
+        return self._context_limit
 
     def submit(self, requests: Sequence[GenerationRequest]) -> list[Future[Generation]]:
         """Send each request on its own; each future resolves when its answer arrives."""
@@ -252,7 +257,7 @@ class VLLMServerGenerator:
             card = next((c for c in cards if c["id"] == model), None) if model else cards[0]
             if card is None:
                 raise ConfigError(f"{url} does not serve model {model!r}; it serves {[c['id'] for c in cards]}.")
-            self.context_limit = card.get("max_model_len")
+            self._context_limit = card.get("max_model_len")
             return str(card["id"])
         except (requests.ConnectionError, requests.Timeout) as e:
             raise ConfigError(

@@ -7,7 +7,6 @@ returns one row per prompt, in order.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import inspect
 import numbers
@@ -17,7 +16,7 @@ from typing import Any, TypedDict
 
 from packaging.version import Version
 
-from trl_env.backends.base import Generator
+from trl_env.backends.base import Generator, as_generator
 from trl_env.backends.transformers import TransformersGenerator
 from trl_env.backends.vllm_colocate import VLLMColocateGenerator
 from trl_env.backends.vllm_server import VLLMServerGenerator
@@ -189,7 +188,7 @@ def make_rollout_func(
         if gen is None:
             gen = generators[id(trainer)] = _make_generator(generator, trainer, base_url)
         if lora_sync is not None:
-            if not hasattr(gen, "sync_lora"):
+            if not isinstance(gen, VLLMServerGenerator):
                 raise ConfigError(f"lora_sync needs a vLLM server generator, got {type(gen).__name__}; pass base_url=.")
             gen.sync_lora(trainer, str(lora_sync))
         completion_budget = max_completion_tokens or trainer.args.max_completion_length
@@ -197,14 +196,14 @@ def make_rollout_func(
             max_turns=max_turns,
             max_new_tokens=max_new_tokens or completion_budget,
             max_completion_tokens=completion_budget,
-            max_context=max_context or getattr(gen, "context_limit", None),
+            max_context=max_context or gen.context_limit,
         )
         tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
         _exclude_failed_from_rewards(trainer)
         # trl-env decides which episodes are truncated; TRL's own rule (last token not EOS) is switched off.
         mask_truncated = bool(getattr(trainer.args, "mask_truncated_completions", False))
         trainer.mask_truncated_completions = False
-        with getattr(gen, "session", contextlib.nullcontext)():  # e.g. wake a sleeping colocated vLLM
+        with gen.session():  # e.g. wake a sleeping colocated vLLM
             rollouts = batch_rollout(
                 [_seed_or_error(p) for p in prompts],
                 env_factory,
@@ -298,9 +297,9 @@ def _make_generator(
         if args.vllm_mode == "colocate":
             return VLLMColocateGenerator.from_trainer(trainer)
         raise ConfigError(f"vllm_mode={args.vllm_mode!r}: expected 'server' or 'colocate'.")
-    if hasattr(generator, "submit"):
-        return generator  # type: ignore[return-value]  # a Generator instance
-    return generator(trainer)  # type: ignore[operator]  # a factory
+    if callable(getattr(generator, "submit", None)):
+        return as_generator(generator)
+    return as_generator(generator(trainer))  # type: ignore[operator]  # a factory trainer -> Generator
 
 
 def log_metrics(trainer: Any, rollouts: Sequence[Rollout]) -> None:

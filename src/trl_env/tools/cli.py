@@ -100,7 +100,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
         return 2
     budgets = Budgets(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
                       max_completion_tokens=args.max_completion_tokens,
-                      max_context=getattr(generator, "context_limit", None))  # fmt: skip
+                      max_context=generator.context_limit)  # fmt: skip
     summary, _ = evaluate(seeds, env_factory, processor, tokenizer, generator, budgets=budgets,
                           parse_truncated_turns=args.parse_truncated_turns, out_dir=args.out,
                           success_threshold=args.success_threshold)  # fmt: skip
