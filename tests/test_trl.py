@@ -180,3 +180,19 @@ def test_conversational_prompts_use_the_last_user_message_as_seed():
     assert glue.prompt_to_seed(messages) == "9"
     with pytest.raises(ConfigError, match="no message with role .user."):
         glue.prompt_to_seed([{"role": "system", "content": "s"}])
+
+
+def test_options_come_grouped_or_flat_but_not_both():
+    from trl_env.integrations.options import EngineOptions, Limits
+
+    grouped = make_rollout_func(
+        GuessEnv, ChatMLProcessor(), limits=Limits(max_turns=3), engine=EngineOptions(strict=True)
+    )
+    flat = make_rollout_func(GuessEnv, ChatMLProcessor(), max_turns=3, strict=True)
+    assert grouped.options == flat.options and flat.options.limits.max_turns == 3 and flat.options.engine.strict
+    with pytest.raises(ConfigError, match="max_turns given both"):
+        make_rollout_func(GuessEnv, ChatMLProcessor(), limits=Limits(max_turns=3), max_turns=4)
+    with pytest.raises(ConfigError, match="unknown option"):
+        make_rollout_func(GuessEnv, ChatMLProcessor(), max_turn=3)
+    with pytest.raises(ConfigError, match="env_timeout=0"):
+        make_rollout_func(GuessEnv, ChatMLProcessor(), env_timeout=0)

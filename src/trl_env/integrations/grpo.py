@@ -10,11 +10,11 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import numbers
-import os
 from collections.abc import Callable, Sequence
 from typing import Any, TypedDict
 
 from packaging.version import Version
+from typing_extensions import Unpack
 
 from trl_env.backends.base import Generator, as_generator
 from trl_env.backends.transformers import TransformersGenerator
@@ -22,8 +22,16 @@ from trl_env.backends.vllm_colocate import VLLMColocateGenerator
 from trl_env.backends.vllm_server import VLLMServerGenerator
 from trl_env.env import Env, Seed
 from trl_env.errors import ERROR_KINDS, ConfigError, TrlEnvError
-from trl_env.processors.base import check_processor
-from trl_env.rollout import Budgets, Ending, Rollout, batch_rollout
+from trl_env.integrations.options import (
+    BackendOptions,
+    EngineOptions,
+    FlatOptions,
+    Limits,
+    LoggingOptions,
+    RolloutOptions,
+)
+from trl_env.processors.base import Processor, check_processor
+from trl_env.rollout import Ending, Rollout, batch_rollout
 from trl_env.rollout.transcripts import write_transcripts
 
 MIN_TRL = "1.16.0"
@@ -113,51 +121,35 @@ def _seed_or_error(prompt: object) -> Seed | BaseException:
 
 def make_rollout_func(
     env_factory: Callable[[], Env],
-    processor: Any,
+    processor: Processor,
     *,
     system_prompt: str | None = None,
-    max_turns: int = 8,
-    max_new_tokens: int | None = None,
-    max_completion_tokens: int | None = None,
-    max_context: int | None = None,
-    parse_truncated_turns: bool = False,
-    strict: bool = False,
-    env_workers: int = 16,
-    env_timeout: float | None = 300.0,
-    generator: Generator | Callable[[Any], Generator] | None = None,
-    base_url: str | Sequence[str] | None = None,
-    lora_sync: str | os.PathLike[str] | None = None,
-    transcripts: str | os.PathLike[str] | None = None,
-    transcripts_every: int = 1,
+    limits: Limits | None = None,
+    engine: EngineOptions | None = None,
+    backend: BackendOptions | None = None,
+    logging: LoggingOptions | None = None,
+    **options: Unpack[FlatOptions],
 ) -> Callable[[list[Any], Any], RolloutOutput]:
     """Build ``rollout_func(prompts, trainer)`` for ``GRPOTrainer``.
 
     Each prompt is an env seed; each copy of a prompt (TRL repeats it ``num_generations`` times)
     gets its own fresh env with the same seed, so a GRPO group shares one problem. Pair it with
-    ``reward_funcs=env_reward``.
+    ``reward_funcs=env_reward``. Options come in four typed groups (``trl_env.integrations.options``),
+    or as their flat keywords: ``make_rollout_func(Env, processor, max_turns=4, env_timeout=60)``.
 
     Args:
         env_factory: builds a fresh env; called once per episode.
         processor: chat formatting for the model family (e.g. ``ChatMLProcessor()``).
         system_prompt: replaces the processor's ``system_prompt`` field.
-        max_turns: most model turns per episode.
-        max_new_tokens: most tokens per turn; default: ``max_completion_tokens``.
-        max_completion_tokens: most completion tokens (model + env) per episode; default:
-            the trainer's ``max_completion_length``.
-        max_context: most prompt + completion tokens; default: the model's ``max_position_embeddings``.
-        parse_truncated_turns: see ``batch_rollout``.
-        strict: raise the first env error instead of recording it (for debugging).
-        env_workers: threads running env code.
-        env_timeout: seconds one env call may take before its episode is abandoned (an error).
-        generator: a ``Generator``, or a function ``trainer -> Generator``; default: the trainer's own
-            model in process with ``use_vllm=False``, a vLLM server client with ``vllm_mode="server"``.
-        base_url: vLLM server URL(s), overriding ``trainer.args`` (several = data-parallel servers); with
-            ``use_vllm=False`` it still selects the server backend (TRL then does no weight sync of its own).
-        lora_sync: a directory; when the trainer's step changes, save its PEFT adapter there and serve it
-            from the vLLM server(s) (see ``VLLMServerGenerator.sync_lora``). For CPU servers and servers
-            that share only a filesystem with the trainer.
-        transcripts: a JSONL file to append every episode to (one line per episode, see ``write_transcripts``).
-        transcripts_every: write transcripts at every N-th trainer step only.
+        limits: ``Limits``: ``max_turns`` (8), ``max_new_tokens``, ``max_completion_tokens`` (default:
+            ``GRPOConfig.max_completion_length``), ``max_context`` (default: the generator's context limit).
+        engine: ``EngineOptions``: ``parse_truncated_turns``, ``strict``, ``env_workers``, ``env_timeout``.
+        backend: ``BackendOptions``: ``generator`` (a ``Generator`` or ``trainer -> Generator``; default:
+            the trainer's model in process with ``use_vllm=False``, a vLLM client with ``vllm_mode="server"``),
+            ``base_url`` (vLLM server URL(s); with ``use_vllm=False`` it still selects the server backend),
+            ``lora_sync`` (a directory: serve the trainer's PEFT adapter from the server(s) at each new step).
+        logging: ``LoggingOptions``: ``transcripts`` (a JSONL path), ``transcripts_every``.
+        **options: the same options by their flat names.
 
     Returns:
         The rollout function; its output is a ``RolloutOutput``.
@@ -173,64 +165,78 @@ def make_rollout_func(
         )
     check_processor(processor)
     if system_prompt is not None:
-        fields = {f.name for f in dataclasses.fields(processor)} if dataclasses.is_dataclass(processor) else set()
-        if "system_prompt" not in fields:
-            raise ConfigError(
-                f"system_prompt was given but {type(processor).__name__} has no `system_prompt` field; set the "
-                "system prompt in your processor's init_system_input instead."
-            )
-        processor = dataclasses.replace(processor, system_prompt=system_prompt)  # type: ignore[type-var]  # checked above
-    Budgets(max_turns=max_turns)  # validate early; token budgets are checked once the trainer is known
-    generators: dict[int, Generator] = {}
+        processor = _with_system_prompt(processor, system_prompt)
+    groups = {"limits": limits, "engine": engine, "backend": backend, "logging": logging}
+    return RolloutFunction(env_factory, processor, RolloutOptions.build(groups, options))
 
-    def rollout_func(prompts: list[Any], trainer: Any) -> RolloutOutput:
-        gen = generators.get(id(trainer))
-        if gen is None:
-            gen = generators[id(trainer)] = _make_generator(generator, trainer, base_url)
-        if lora_sync is not None:
-            if not isinstance(gen, VLLMServerGenerator):
-                raise ConfigError(f"lora_sync needs a vLLM server generator, got {type(gen).__name__}; pass base_url=.")
-            gen.sync_lora(trainer, str(lora_sync))
-        completion_budget = max_completion_tokens or trainer.args.max_completion_length
-        budgets = Budgets(
-            max_turns=max_turns,
-            max_new_tokens=max_new_tokens or completion_budget,
-            max_completion_tokens=completion_budget,
-            max_context=max_context or gen.context_limit,
+
+def _with_system_prompt(processor: Processor, system_prompt: str) -> Processor:
+    fields = {f.name for f in dataclasses.fields(processor)} if dataclasses.is_dataclass(processor) else set()
+    if "system_prompt" not in fields:
+        raise ConfigError(
+            f"system_prompt was given but {type(processor).__name__} has no `system_prompt` field; set the "
+            "system prompt in your processor's init_system_input instead."
         )
-        tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
+    return dataclasses.replace(processor, system_prompt=system_prompt)  # type: ignore[type-var]  # checked above
+
+
+class RolloutFunction:
+    """``rollout_func(prompts, trainer)``: one ``batch_rollout`` per call, on every process, with TRL's glue."""
+
+    def __init__(self, env_factory: Callable[[], Env], processor: Processor, options: RolloutOptions) -> None:
+        self.env_factory, self.processor, self.options = env_factory, processor, options
+        self._generators: dict[int, Generator] = {}
+
+    def __call__(self, prompts: list[Any], trainer: Any) -> RolloutOutput:
+        """Run one episode per prompt (a fresh env each) and return TRL's rows, in order."""
+        gen = self._generator(trainer)
+        tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)  # a processor wraps it
         _exclude_failed_from_rewards(trainer)
         # trl-env decides which episodes are truncated; TRL's own rule (last token not EOS) is switched off.
         mask_truncated = bool(getattr(trainer.args, "mask_truncated_completions", False))
         trainer.mask_truncated_completions = False
+        engine = self.options.engine
         with gen.session():  # e.g. wake a sleeping colocated vLLM
             rollouts = batch_rollout(
                 [_seed_or_error(p) for p in prompts],
-                env_factory,
-                processor,
+                self.env_factory,
+                self.processor,
                 tokenizer,
                 gen,
-                budgets=budgets,
-                parse_truncated_turns=parse_truncated_turns,
-                strict=strict,
-                env_workers=env_workers,
-                env_timeout=env_timeout,
+                budgets=self.options.limits.budgets(trainer.args.max_completion_length, gen.context_limit),
+                parse_truncated_turns=engine.parse_truncated_turns,
+                strict=engine.strict,
+                env_workers=engine.env_workers,
+                env_timeout=engine.env_timeout,
             )
         log_metrics(trainer, rollouts)
-        step = int(getattr(getattr(trainer, "state", None), "global_step", 0))
-        if transcripts is not None and step % max(1, transcripts_every) == 0:
-            accelerator = getattr(trainer, "accelerator", None)
-            write_transcripts(
-                transcripts,
-                rollouts,
-                step=step,
-                tokenizer=tokenizer,
-                process_index=int(getattr(accelerator, "process_index", 0)),
-                mode="train" if trainer.model.training else "eval",
-            )
+        self._write_transcripts(trainer, rollouts, tokenizer)
         return to_trl(rollouts, mask_truncated=mask_truncated)
 
-    return rollout_func
+    def _generator(self, trainer: Any) -> Generator:
+        backend = self.options.backend
+        gen = self._generators.get(id(trainer))
+        if gen is None:
+            gen = self._generators[id(trainer)] = _make_generator(backend.generator, trainer, backend.base_url)
+        if backend.lora_sync is not None:
+            if not isinstance(gen, VLLMServerGenerator):
+                raise ConfigError(f"lora_sync needs a vLLM server generator, got {type(gen).__name__}; pass base_url=.")
+            gen.sync_lora(trainer, str(backend.lora_sync))
+        return gen
+
+    def _write_transcripts(self, trainer: Any, rollouts: Sequence[Rollout], tokenizer: Any) -> None:
+        logging = self.options.logging
+        step = int(getattr(getattr(trainer, "state", None), "global_step", 0))
+        if logging.transcripts is None or step % max(1, logging.transcripts_every):
+            return
+        write_transcripts(
+            logging.transcripts,
+            rollouts,
+            step=step,
+            tokenizer=tokenizer,
+            process_index=int(getattr(getattr(trainer, "accelerator", None), "process_index", 0)),
+            mode="train" if trainer.model.training else "eval",
+        )
 
 
 def to_trl(rollouts: Sequence[Rollout], *, mask_truncated: bool = False) -> RolloutOutput:
