@@ -1,0 +1,224 @@
+"""The sandbox's child program, run by path as ``python -I -S child.py CONFIG_JSON`` (see ``Sandbox.run``).
+
+It runs as ``__main__`` in a bare interpreter (``-I``: not even this file's directory is on ``sys.path``), so
+it imports only the standard library, never ``trl_env``; imported as a module it does nothing.
+
+Order matters: read the code, enter a new network namespace (needs root's capabilities), import PRELOAD, drop
+to ``nobody``, set the rlimits, install the audit hook, run the code. The hook only uses its default arguments
+(captured builtins, immutable tables) and refuses changes to any function's ``__code__``/``__defaults__``, so
+the code cannot rewire it by monkeypatching modules or builtins. It checks paths lexically; symlinks, hard
+links and ".." in write paths are refused so that a lexical check matches what the kernel opens. Status goes
+to ``channel``.
+"""
+
+import json
+import os
+import sys
+
+
+def main() -> None:
+    """Run ``main.py`` in the configured working directory under the configured layers (config in ``argv[1]``)."""
+    own_file = __file__  # this program's frames carry this file name; they are dropped from the traceback
+    cfg = json.loads(sys.argv[1])
+    chan, work = cfg["channel"], cfg["workdir"]
+
+    def report(line, _write=os.write, _chan=chan, _OSError=OSError):
+        try:
+            _write(_chan, (line + "\n").encode("utf-8", "replace"))
+        except _OSError:
+            pass
+
+    with open(os.path.join(work, "main.py"), encoding="utf-8", errors="replace") as f:
+        source = f.read()
+    layers = []
+    if cfg["netns"]:
+        try:
+            import ctypes
+
+            if ctypes.CDLL(None, use_errno=True).unshare(0x40000000) == 0:  # CLONE_NEWNET
+                layers.append("netns")
+        except Exception:
+            pass
+        for name in [m for m in sys.modules if m.split(".")[0] in ("ctypes", "_ctypes")]:
+            del sys.modules[name]  # a later `import ctypes` must go through the hook
+    import linecache
+    import resource
+    import traceback
+
+    for name in cfg["preload"]:
+        try:
+            __import__(name)
+        except Exception:
+            pass
+    # Cache this file's lines while it is surely readable: a frame of this program shown later (a warning's
+    # stacklevel, the code's own print_stack) is then never opened under the hook, which would refuse it.
+    linecache.getlines(own_file)
+    os.chdir(work)
+    if cfg["uid"] is not None:
+        try:
+            os.setgroups([])
+            os.setgid(cfg["gid"])
+            os.setuid(cfg["uid"])
+            layers.append("setuid")
+        except OSError:
+            pass
+    for res, soft, hard in cfg["rlimits"]:
+        _, cur = resource.getrlimit(res)
+        if cur != resource.RLIM_INFINITY:
+            hard = min(hard, cur)
+        try:
+            resource.setrlimit(res, (min(soft, hard), hard))
+        except (OSError, ValueError):
+            pass
+    layers.append("rlimits")
+
+    def text(path, _type=type, _str=str, _bytes=bytes):
+        if _type(path) is _bytes:
+            return _bytes.decode(path, "utf-8", "surrogateescape")
+        return path if _type(path) is _str else None
+
+    def norm(path, _getcwd=os.getcwd, _str=str):
+        if not _str.startswith(path, "/"):
+            path = _getcwd() + "/" + path
+        parts = []
+        for part in _str.split(path, "/"):
+            if part == "..":
+                if parts:
+                    parts.pop()
+            elif part and part != ".":
+                parts.append(part)
+        return "/" + "/".join(parts)
+
+    def allowed(path, roots, write, _text=text, _norm=norm, _str=str):
+        path = _text(path)
+        if path is None or (write and ".." in _str.split(path, "/")):
+            return False
+        path = _norm(path)
+        for root in roots:
+            if path == root or _str.startswith(path, root + "/"):
+                return True
+        return False
+
+    READ_ROOTS = tuple(
+        sorted(
+            {
+                work,
+                sys.prefix,
+                sys.base_prefix,
+                sys.exec_prefix,
+                sys.base_exec_prefix,
+                "/usr/share/zoneinfo",
+                "/dev/null",
+                "/dev/zero",
+                "/dev/urandom",
+            }
+            | {p for p in sys.path if p.startswith("/")}
+        )
+    )
+    PATH_EVENTS = frozenset(
+        {
+            "os.mkdir", "os.rmdir", "os.remove", "os.rename", "os.truncate", "os.chmod", "os.chown", "os.utime",
+            "os.chflags", "os.lchflags", "os.lchmod", "os.setxattr", "os.removexattr", "os.chdir",
+        }
+    )  # fmt: skip
+    READ_EVENTS = frozenset({"os.listdir", "os.scandir", "os.listxattr", "os.getxattr"})
+    REFUSED_EVENTS = frozenset(
+        {
+            "os.fork", "os.forkpty", "os.system", "os.exec", "os.spawn", "os.posix_spawn", "subprocess.Popen",
+            "pty.spawn", "os.startfile", "os.symlink", "os.link", "os.mkfifo", "os.mknod", "os.killpg",
+            "resource.setrlimit", "resource.prlimit", "sys.remote_exec",
+        }
+    )  # fmt: skip
+    REFUSED_PREFIXES = ("socket.", "ctypes.", "_ctypes.")
+    REFUSED_IMPORTS = frozenset(
+        {
+            "ctypes", "_ctypes", "_posixsubprocess", "_testcapi", "_testinternalcapi", "_testmultiphase",
+            "_xxsubinterpreters", "_xxinterpchannels", "_posixshmem",
+        }
+    )  # fmt: skip
+    WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+
+    def hook(
+        event,
+        args,
+        _allowed=allowed,
+        _report=report,
+        _reads=READ_ROOTS,
+        _work=(work,),
+        _writes=(work, "/dev/null"),
+        _paths=PATH_EVENTS,
+        _read_events=READ_EVENTS,
+        _refused=REFUSED_EVENTS,
+        _prefixes=REFUSED_PREFIXES,
+        _imports=REFUSED_IMPORTS,
+        _wflags=WRITE_FLAGS,
+        _pid=os.getpid(),  # noqa: B008 (evaluated once, at definition, on purpose; so are the two below)
+        _type=type,
+        _int=int,
+        _str=str,
+        _fn=type(norm),  # noqa: B008
+        _mine=globals(),  # noqa: B008 (this module's globals: those of every function defined here)
+        _Refusal=PermissionError,
+    ):
+        what = None
+        if event == "open":
+            path, mode, flags = args
+            if _type(path) is _int:
+                pass  # an fd that is already open
+            elif mode is None:  # os.open: it may return a directory fd for a later dir_fd= call
+                if not _allowed(path, _work, True):
+                    what = f"os.open({path!r})"
+            elif flags & _wflags:
+                if not _allowed(path, _writes, True):
+                    what = f"open {path!r} for writing"
+            elif not _allowed(path, _reads, False):
+                what = f"open {path!r} for reading"
+        elif event in _paths:
+            for path in args[:2] if event == "os.rename" else args[:1]:
+                if _type(path) is not _int and not _allowed(path, _work, True):
+                    what = f"{event}({path!r})"
+        elif event in _read_events:
+            path = args[0] if args else None
+            if path is not None and _type(path) is not _int and not _allowed(path, _reads, False):
+                what = f"{event}({path!r})"
+        elif event == "import":
+            if "".join((args[0],)) in _imports:  # join: an exact str, whatever __eq__/__hash__ a subclass has
+                what = f"import {args[0]}"
+        elif event == "os.kill":
+            if args[0] != _pid:
+                what = f"os.kill({args[0]}, {args[1]})"
+        elif event == "object.__setattr__":  # the hook's own functions (e.g. its defaults) are not to be rewired
+            if _type(args[0]) is _fn and args[0].__globals__ is _mine:
+                what = f"setting {args[1]} of a sandbox function"
+        elif event in _refused or _str.startswith(event, _prefixes):
+            what = event
+        if what is not None:
+            _report("refused " + what)
+            raise _Refusal(f"sandbox: {what} refused (no network, subprocesses or files outside the working directory)")
+
+    if cfg["audit"]:
+        sys.addaudithook(hook)
+        layers.append("audit")
+    report("layers " + ",".join(layers))
+    namespace = {"__name__": "__main__", "__file__": "main.py", "__builtins__": __builtins__}
+    try:
+        exec(compile(source, "main.py", "exec"), namespace)
+    except SystemExit:
+        raise
+    except BaseException as e:
+        namespace = source = None
+        report("end memory" if isinstance(e, MemoryError) else "end error")
+        shown, todo = traceback.TracebackException(type(e), e, e.__traceback__, lookup_lines=False), []
+        todo.append(shown)
+        while todo:  # drop this program's frames (the exec and the hook) from the traceback and its chain
+            t = todo.pop()
+            if t is not None:
+                t.stack = traceback.StackSummary.from_list([f for f in t.stack if f.filename != own_file])
+                todo += [t.__cause__, t.__context__]
+        sys.stderr.write("".join(shown.format()))
+        sys.exit(1)
+    report("end ok")
+
+
+if __name__ == "__main__":
+    main()
