@@ -134,8 +134,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def library(url: str, seeds_: list[str], trust_env: bool, rec=None):
         gen = VLLMServerGenerator(url, temperature=1.0, extra_body=extra)
-        if not trust_env:  # the proposed change, applied from outside: no per-request scan of os.environ
-            gen._post.__self__.trust_env = False
+        gen._post.__self__.trust_env = trust_env  # the library sets False; True is requests' default (before)
         g = rec(gen) if rec else gen
         out = batch_rollout(seeds_, PaddedFactory(4), ChatMLProcessor(), tokenizer, g, budgets=budgets,
                             parse_truncated_turns=True)  # fmt: skip
@@ -143,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         return out, g, gen
 
     def go(url: str) -> None:
-        rollouts, rec, gen = library(url, seeds, True, Recorder)  # warm-up, and the requests to replay
+        rollouts, rec, gen = library(url, seeds, False, Recorder)  # warm-up, and the requests to replay
         turns = sum(len(r.turns) for r in rollouts)
         chain = chains(rec.requests, rollouts)
         body = {"logprobs": 0, "return_token_ids": True, "skip_special_tokens": False, **gen.sampling, **extra}
@@ -151,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         for raw in raws.values():
             raw.run(chain)  # warm-up
         configs = {
-            "trl-env (VLLMServerGenerator as is)": lambda: library(url, seeds, True),
-            "trl-env, session.trust_env = False (proposed)": lambda: library(url, seeds, False),
+            "trl-env (VLLMServerGenerator as is: trust_env = False)": lambda: library(url, seeds, False),
+            "trl-env with requests' default trust_env = True (before)": lambda: library(url, seeds, True),
             "plain requests replay": lambda: raws[True].run(chain),
             "plain requests replay, trust_env = False": lambda: raws[False].run(chain),
         }
@@ -176,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         print(C.markdown_table(["client", "CPU us per turn", "wall s"], rows))
 
         with AllThreads() as prof:
-            library(url, seeds, True)
+            library(url, seeds, False)
         stats = prof.stats()
         by_area: dict[str, float] = defaultdict(float)
         for func, (_cc, _nc, tottime, _ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]

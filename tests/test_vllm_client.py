@@ -162,3 +162,24 @@ def test_a_server_without_processed_logprobs_gets_one_warning_with_the_fix(caplo
 def test_bad_settings_fail_early():
     with pytest.raises(ConfigError, match="max_in_flight=0"):
         make(lambda *a, **k: None, max_in_flight=0)
+
+
+def test_the_client_ignores_proxy_settings_in_the_environment(monkeypatch):
+    """A vLLM server is addressed directly: no per-request proxy lookup (and no detour through HTTP_PROXY)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from stub_server import stub_server
+
+    with stub_server(0.0) as url:
+        monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # nothing listens there
+        monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        gen = VLLMServerGenerator(url, retries=0, timeout=10)
+        try:
+            generation = gen.submit([request(4)])[0].result()
+        finally:
+            gen.close()
+    assert len(generation.token_ids) == 4

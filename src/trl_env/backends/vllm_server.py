@@ -112,6 +112,9 @@ class VLLMServerGenerator(GeneratorBase):
         self.timeout, self.retries, self.backoff = timeout, retries, backoff
         self.extra_body = dict(extra_body or {})
         session = requests.Session()
+        # requests' default re-reads proxy settings from os.environ on every request (~20% of client CPU per
+        # turn, benchmarks/README.md); a vLLM server is addressed directly, with no auth from .netrc.
+        session.trust_env = False
         adapter = requests.adapters.HTTPAdapter(pool_connections=len(self.urls), pool_maxsize=max_in_flight)
         session.mount("http://", adapter)
         session.mount("https://", adapter)
