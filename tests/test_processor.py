@@ -88,3 +88,11 @@ def test_envs_work_by_explicit_subclassing_and_by_shape():
     env = Countdown()
     assert env.reset("2")[0] is env and env.left == 2
     assert isinstance(env, Env) and isinstance(Shaped(), Env)
+
+
+def test_split_reasoning_and_parse_output_agree_on_the_last_closing_tag():
+    from trl_env.processors.base import parse_output
+
+    text = "<think>plan</think> draft </think> 42"
+    parsed = parse_output(text)
+    assert split_reasoning(text) == (parsed.reasoning, parsed.action) == ("plan</think> draft", "42")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 from trl_env.env import Language
 from trl_env.errors import ConfigError, ProcessorError
@@ -102,19 +102,63 @@ def split_reasoning(
     """Split ``text`` into ``(reasoning, action)`` around a thinking block.
 
     ``strip`` lists end markers removed from the end of the text first (e.g. ``"<|im_end|>"``).
-    A turn that opens a block but never closes it (cut mid-thought) is all reasoning, with an
-    empty action: half a thought must never be taken as the action.
+    The block ends at the last closing tag (as in ``parse_output``). A turn that opens a block but
+    never closes it (cut mid-thought) is all reasoning, with an empty action: half a thought must
+    never be taken as the action.
     """
     for marker in strip:
         if marker and text.endswith(marker):
             text = text[: -len(marker)]
             break
-    head, sep, tail = text.partition(close_tag)
+    head, sep, tail = text.rpartition(close_tag)  # the last close, as parse_output
     if sep:
         return head.replace(open_tag, "", 1).strip(), tail.strip()
     if open_tag in text:
         return text.split(open_tag, 1)[1].strip(), ""
     return "", text.strip()
+
+
+class FamilyProcessor:
+    """What every family processor shares: parsing a turn and rendering one back, from its markers.
+
+    A family is a frozen dataclass that subclasses this and states only what differs: its turn
+    layout (``init_system_input``, ``append_user_input``), its ``stop_strings``, and where they
+    differ, ``end_markers`` (other end-of-text tokens), ``reasoning_tags`` and
+    ``reasoning_open_in_prompt``.
+    """
+
+    stop_strings: tuple[str, ...] = ()
+    """End-of-turn markers; each must be one token."""
+    reasoning_tags: tuple[str, str] | None = ("<think>", "</think>")
+    """Markers of a reasoning block; ``None`` for none."""
+    action_tags: tuple[str, str] | None = None
+    """Markers around the action; ``None``: the text after the reasoning."""
+    end_markers: ClassVar[tuple[str, ...]] = ()
+    """End-of-text tokens besides ``stop_strings`` that end a turn."""
+    reasoning_open_in_prompt: ClassVar[bool] = False
+    """The generation prompt opens the reasoning block (DeepSeek-R1's `<think>`)."""
+
+    def parse(self, completion: str) -> ParsedOutput:
+        """Split a turn into reasoning, action and a ``ParseStatus`` (see ``parse_output``)."""
+        return parse_output(
+            completion,
+            end_markers=(*self.stop_strings, *self.end_markers),
+            reasoning_tags=self.reasoning_tags,
+            reasoning_open_in_prompt=self.reasoning_open_in_prompt,
+            action_tags=self.action_tags,
+        )
+
+    def parse_agent_output(self, completion: str) -> tuple[str, str]:
+        """Split a turn into (reasoning, action), without the end marker."""
+        parsed = self.parse(completion)
+        return parsed.reasoning, parsed.action
+
+    def render_agent_output(self, reasoning: str, action: str) -> str:
+        """The text of a model turn with this reasoning and action (the inverse of ``parse``)."""
+        if not reasoning or self.reasoning_tags is None:
+            return action
+        open_tag, close_tag = self.reasoning_tags
+        return f"{open_tag}\n{reasoning}\n{close_tag}\n\n{action}"
 
 
 class ParseStatus(str, Enum):

@@ -9,8 +9,9 @@ template writes after it opens the text the engine appends for the next user tur
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
-from trl_env.processors.base import ParsedOutput, parse_output
+from trl_env.processors.base import FamilyProcessor
 
 QWEN2_5_SYSTEM_PROMPT = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 """What Qwen2.5-Instruct's template writes when the conversation has no system message."""
@@ -19,8 +20,10 @@ SMOLLM2_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by
 
 
 @dataclass(frozen=True)
-class ChatMLProcessor:
+class ChatMLProcessor(FamilyProcessor):
     """ChatML formatting with an optional system prompt and `<think>` reasoning blocks."""
+
+    end_markers: ClassVar[tuple[str, ...]] = ("<|endoftext|>",)
 
     system_prompt: str | None = None
     """System message written before the first user turn; ``None`` writes no system block."""
@@ -37,16 +40,3 @@ class ChatMLProcessor:
     def append_user_input(self, prompt: str) -> str:
         """Close the model's turn (it stopped at `<|im_end|>`), then a user turn and the assistant header."""
         return f"\n<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
-
-    def parse(self, completion: str) -> ParsedOutput:
-        """Split a turn into reasoning (in `<think>...</think>`), action and a ``ParseStatus``."""
-        return parse_output(completion, end_markers=(*self.stop_strings, "<|endoftext|>"), action_tags=self.action_tags)
-
-    def parse_agent_output(self, completion: str) -> tuple[str, str]:
-        """Split a turn into (reasoning, action), without the end marker."""
-        parsed = self.parse(completion)
-        return parsed.reasoning, parsed.action
-
-    def render_agent_output(self, reasoning: str, action: str) -> str:
-        """The text of a model turn with this reasoning and action (the inverse of ``parse``)."""
-        return f"<think>\n{reasoning}\n</think>\n\n{action}" if reasoning else action

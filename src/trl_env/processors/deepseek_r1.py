@@ -11,15 +11,18 @@ re-renders earlier answers without their reasoning; the token history keeps what
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
-from trl_env.processors.base import ParsedOutput, parse_output
+from trl_env.processors.base import FamilyProcessor
 
 BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
 
 
 @dataclass(frozen=True)
-class DeepSeekR1Processor:
+class DeepSeekR1Processor(FamilyProcessor):
     """DeepSeek-R1 formatting; every generation prompt opens a `<think>` block."""
+
+    reasoning_open_in_prompt: ClassVar[bool] = True
 
     system_prompt: str | None = None
     """Written right after BOS, with no separator (as the template)."""
@@ -35,17 +38,6 @@ class DeepSeekR1Processor:
     def append_user_input(self, prompt: str) -> str:
         """A user turn and the assistant header (the model's turn ended with its EOS)."""
         return f"<｜User｜>{prompt}<｜Assistant｜><think>\n"
-
-    def parse(self, completion: str) -> ParsedOutput:
-        """Split a turn into reasoning (up to `</think>`), action and a ``ParseStatus``."""
-        return parse_output(
-            completion, end_markers=self.stop_strings, reasoning_open_in_prompt=True, action_tags=self.action_tags
-        )
-
-    def parse_agent_output(self, completion: str) -> tuple[str, str]:
-        """Split a turn into (reasoning, action), without the end marker."""
-        parsed = self.parse(completion)
-        return parsed.reasoning, parsed.action
 
     def render_agent_output(self, reasoning: str, action: str) -> str:
         """The text a model turn with this reasoning and action samples (the inverse of ``parse``)."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trl_env.errors import ProcessorError
-from trl_env.processors.base import ParsedOutput, Processor, parse_output
+from trl_env.processors.base import FamilyProcessor, Processor
 
 _USERS = ("Xq7 first user", "Xq7 second user", "Xq7 third user")
 _REPLIES = ("Zr5 first reply", "Zr5 second reply")
@@ -24,7 +24,7 @@ _SYSTEM = "Sy9 probe system"
 
 
 @dataclass(frozen=True)
-class TemplateProcessor:
+class TemplateProcessor(FamilyProcessor):
     """Prefixes and suffixes read off a chat template by ``from_tokenizer``; renders any user text between them."""
 
     system_prompt: str | None = None
@@ -62,20 +62,6 @@ class TemplateProcessor:
     def append_user_input(self, prompt: str) -> str:
         """Render the template's text after a reply's end-of-turn token, the user turn, the generation prompt."""
         return f"{self.next_user[0]}{self._clean(prompt)}{self.next_user[1]}"
-
-    def parse(self, completion: str) -> ParsedOutput:
-        """Split a turn into reasoning, action and a ``ParseStatus``."""
-        return parse_output(
-            completion,
-            end_markers=self.stop_strings,
-            reasoning_tags=self.reasoning_tags,
-            action_tags=self.action_tags,
-        )
-
-    def parse_agent_output(self, completion: str) -> tuple[str, str]:
-        """Split a turn into (reasoning, action), without the end marker."""
-        parsed = self.parse(completion)
-        return parsed.reasoning, parsed.action
 
 
 def from_tokenizer(

@@ -10,13 +10,16 @@ appended for the next user turn. Gemma 3 has no reasoning block of its own; a pr
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
-from trl_env.processors.base import ParsedOutput, parse_output
+from trl_env.processors.base import FamilyProcessor
 
 
 @dataclass(frozen=True)
-class Gemma3Processor:
+class Gemma3Processor(FamilyProcessor):
     """Gemma 3 formatting; a system prompt opens the first user turn."""
+
+    end_markers: ClassVar[tuple[str, ...]] = ("<eos>",)
 
     system_prompt: str | None = None
     """Written (not stripped, as the template) before the first user message, then a blank line."""
@@ -35,24 +38,3 @@ class Gemma3Processor:
     def append_user_input(self, prompt: str) -> str:
         """Close the model's turn (it stopped at `<end_of_turn>`), then a user turn and the model header."""
         return f"\n<start_of_turn>user\n{prompt.strip()}<end_of_turn>\n<start_of_turn>model\n"
-
-    def parse(self, completion: str) -> ParsedOutput:
-        """Split a turn into reasoning (a prompted `<think>` block), action and a ``ParseStatus``."""
-        return parse_output(
-            completion,
-            end_markers=(*self.stop_strings, "<eos>"),
-            reasoning_tags=self.reasoning_tags,
-            action_tags=self.action_tags,
-        )
-
-    def parse_agent_output(self, completion: str) -> tuple[str, str]:
-        """Split a turn into (reasoning, action), without the end marker."""
-        parsed = self.parse(completion)
-        return parsed.reasoning, parsed.action
-
-    def render_agent_output(self, reasoning: str, action: str) -> str:
-        """The text of a model turn with this reasoning and action (the inverse of ``parse``)."""
-        if not reasoning or self.reasoning_tags is None:
-            return action
-        open_tag, close_tag = self.reasoning_tags
-        return f"{open_tag}\n{reasoning}\n{close_tag}\n\n{action}"

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trl_env.processors.base import ParsedOutput, parse_output
+from trl_env.processors.base import FamilyProcessor, ParsedOutput, parse_output
 
 
 @dataclass(frozen=True)
-class Gemma4Processor:
+class Gemma4Processor(FamilyProcessor):
     """Gemma 4 formatting with or without thinking."""
 
     system_prompt: str | None = None
@@ -54,11 +54,6 @@ class Gemma4Processor:
         )
         reasoning = parsed.reasoning.removeprefix("thought").strip()  # the channel's name is not reasoning
         return ParsedOutput(reasoning, parsed.action, parsed.status)
-
-    def parse_agent_output(self, completion: str) -> tuple[str, str]:
-        """Split a turn into (reasoning, action), without the end marker."""
-        parsed = self.parse(completion)
-        return parsed.reasoning, parsed.action
 
     def render_agent_output(self, reasoning: str, action: str) -> str:
         """The text a model turn with this reasoning and action samples (the inverse of ``parse``)."""

@@ -11,16 +11,19 @@ template writes nothing between it and the next header.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
-from trl_env.processors.base import ParsedOutput, parse_output
+from trl_env.processors.base import FamilyProcessor
 
 LLAMA3_1_DATE = "26 Jul 2024"
 """The "Today Date" the Llama 3.1 and 3.3 templates write unless ``date_string`` is passed."""
 
 
 @dataclass(frozen=True)
-class Llama3Processor:
+class Llama3Processor(FamilyProcessor):
     """Llama 3.x formatting; ``date_string=None`` is Llama 3.0's template (no dated system block)."""
+
+    end_markers: ClassVar[tuple[str, ...]] = ("<|eom_id|>", "<|end_of_text|>")
 
     system_prompt: str | None = None
     """System message; stripped, as the template does."""
@@ -44,27 +47,6 @@ class Llama3Processor:
     def append_user_input(self, prompt: str) -> str:
         """The next user turn and the assistant header (the model's turn ended with `<|eot_id|>`)."""
         return f"{_turn('user', prompt.strip())}{_HEADER}"
-
-    def parse(self, completion: str) -> ParsedOutput:
-        """Split a turn into reasoning (a prompted `<think>` block), action and a ``ParseStatus``."""
-        return parse_output(
-            completion,
-            end_markers=(*self.stop_strings, "<|eom_id|>", "<|end_of_text|>"),
-            reasoning_tags=self.reasoning_tags,
-            action_tags=self.action_tags,
-        )
-
-    def parse_agent_output(self, completion: str) -> tuple[str, str]:
-        """Split a turn into (reasoning, action), without the end marker."""
-        parsed = self.parse(completion)
-        return parsed.reasoning, parsed.action
-
-    def render_agent_output(self, reasoning: str, action: str) -> str:
-        """The text of a model turn with this reasoning and action (the inverse of ``parse``)."""
-        if not reasoning or self.reasoning_tags is None:
-            return action
-        open_tag, close_tag = self.reasoning_tags
-        return f"{open_tag}\n{reasoning}\n{close_tag}\n\n{action}"
 
 
 _HEADER = "<|start_header_id|>assistant<|end_header_id|>\n\n"

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trl_env.processors.base import ParsedOutput, parse_output
+from trl_env.processors.base import FamilyProcessor
 
 
 @dataclass(frozen=True)
-class MistralProcessor:
+class MistralProcessor(FamilyProcessor):
     """Mistral Tekken formatting; ``system_tokens=False`` is the V3-Tekken layout (no `[SYSTEM_PROMPT]`)."""
 
     system_prompt: str | None = None
@@ -43,21 +43,3 @@ class MistralProcessor:
     def append_user_input(self, prompt: str) -> str:
         """A user turn (the model's turn ended with `</s>`)."""
         return f"[INST]{prompt}[/INST]"
-
-    def parse(self, completion: str) -> ParsedOutput:
-        """Split a turn into reasoning (a prompted `<think>` block), action and a ``ParseStatus``."""
-        return parse_output(
-            completion, end_markers=self.stop_strings, reasoning_tags=self.reasoning_tags, action_tags=self.action_tags
-        )
-
-    def parse_agent_output(self, completion: str) -> tuple[str, str]:
-        """Split a turn into (reasoning, action), without the end marker."""
-        parsed = self.parse(completion)
-        return parsed.reasoning, parsed.action
-
-    def render_agent_output(self, reasoning: str, action: str) -> str:
-        """The text of a model turn with this reasoning and action (the inverse of ``parse``)."""
-        if not reasoning or self.reasoning_tags is None:
-            return action
-        open_tag, close_tag = self.reasoning_tags
-        return f"{open_tag}\n{reasoning}\n{close_tag}\n\n{action}"

@@ -15,13 +15,16 @@ model less than it saw in training. ``trl-env additivity`` measures this drift.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
-from trl_env.processors.base import ParsedOutput, parse_output
+from trl_env.processors.base import FamilyProcessor
 
 
 @dataclass(frozen=True)
-class Qwen3Processor:
+class Qwen3Processor(FamilyProcessor):
     """Qwen3 formatting; ``thinking=False`` writes the template's empty think block into each generation prompt."""
+
+    end_markers: ClassVar[tuple[str, ...]] = ("<|endoftext|>",)
 
     system_prompt: str | None = None
     """System message written before the first user turn; ``None`` writes none (as the template)."""
@@ -43,15 +46,6 @@ class Qwen3Processor:
     def append_user_input(self, prompt: str) -> str:
         """Close the model's turn (it stopped at `<|im_end|>`), then a user turn and the assistant header."""
         return f"\n<|im_start|>user\n{prompt}<|im_end|>\n{self._assistant_header()}"
-
-    def parse(self, completion: str) -> ParsedOutput:
-        """Split a turn into reasoning (in `<think>...</think>`), action and a ``ParseStatus``."""
-        return parse_output(completion, end_markers=(*self.stop_strings, "<|endoftext|>"), action_tags=self.action_tags)
-
-    def parse_agent_output(self, completion: str) -> tuple[str, str]:
-        """Split a turn into (reasoning, action), without the end marker."""
-        parsed = self.parse(completion)
-        return parsed.reasoning, parsed.action
 
     def render_agent_output(self, reasoning: str, action: str) -> str:
         """The text a model turn with this reasoning and action samples (the inverse of ``parse``)."""
