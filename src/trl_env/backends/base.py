@@ -177,6 +177,7 @@ VLLM_MANAGED_KEYS = frozenset(
         "suffix",
     }
 )
+_VLLM_REQUEST_ONLY = {"response_format", "priority", "vllm_xargs", "length_penalty"}  # HTTP fields, not SamplingParams
 
 
 @dataclass(frozen=True)
@@ -215,6 +216,31 @@ class Sampling:
             repetition_penalty=self.repetition_penalty,
             generation_kwargs=dict(self.generation_kwargs),
         )
+
+
+def vllm_sampling(
+    backend: str,
+    generation_kwargs: Mapping[str, Any] | None,
+    *,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    min_p: float,
+    repetition_penalty: float,
+    request_fields: bool = True,
+) -> dict[str, Any]:
+    """VLLM's sampling fields (``top_k=-1``, ``min_p=0`` disable them) plus the checked ``generation_kwargs``.
+
+    ``request_fields``: the HTTP request's own fields are allowed (server); else only ``SamplingParams``'.
+    """
+    allowed = VLLM_SAMPLING_KEYS if request_fields else VLLM_SAMPLING_KEYS - _VLLM_REQUEST_ONLY | {"extra_args"}
+    return dict(
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k or -1,
+        min_p=min_p or 0.0,
+        repetition_penalty=repetition_penalty,
+    ) | check_generation_kwargs(backend, generation_kwargs or {}, allowed=allowed, managed=VLLM_MANAGED_KEYS)
 
 
 def check_generation_kwargs(

@@ -15,19 +15,15 @@ from concurrent.futures import Future
 from typing import Any
 
 from trl_env.backends.base import (
-    VLLM_MANAGED_KEYS,
-    VLLM_SAMPLING_KEYS,
     FinishReason,
     Generation,
     GenerationRequest,
     GeneratorBase,
     Sampling,
-    check_generation_kwargs,
     resolved,
+    vllm_sampling,
 )
 from trl_env.errors import ServerError
-
-_REQUEST_ONLY = {"response_format", "priority", "vllm_xargs", "length_penalty"}  # HTTP fields, not SamplingParams
 
 
 class VLLMColocateGenerator(GeneratorBase):
@@ -63,24 +59,19 @@ class VLLMColocateGenerator(GeneratorBase):
             sampling_params: ``vllm.SamplingParams`` or a stand-in with the same keywords.
         """
         if sampling_params is None:
-            from vllm import SamplingParams
+            from vllm import SamplingParams  # type: ignore[import-not-found]  # optional: vLLM runs in its own venv
 
             sampling_params = SamplingParams
         self.llm, self.vllm_generation, self._params = llm, vllm_generation, sampling_params
-        self.sampling = dict(
+        self.sampling = vllm_sampling(
+            "vLLM colocate",
+            generation_kwargs,
             temperature=temperature,
             top_p=top_p,
-            top_k=top_k or -1,
-            min_p=min_p or 0.0,
+            top_k=top_k,
+            min_p=min_p,
             repetition_penalty=repetition_penalty,
-        )
-        self.sampling.update(
-            check_generation_kwargs(
-                "vLLM colocate",
-                generation_kwargs or {},
-                allowed=VLLM_SAMPLING_KEYS - _REQUEST_ONLY | {"extra_args"},
-                managed=VLLM_MANAGED_KEYS,
-            )
+            request_fields=False,
         )
 
     @classmethod

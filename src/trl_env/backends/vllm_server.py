@@ -22,14 +22,12 @@ from typing import Any
 import requests
 
 from trl_env.backends.base import (
-    VLLM_MANAGED_KEYS,
-    VLLM_SAMPLING_KEYS,
     FinishReason,
     Generation,
     GenerationRequest,
     GeneratorBase,
     Sampling,
-    check_generation_kwargs,
+    vllm_sampling,
 )
 from trl_env.errors import ConfigError, ServerError
 
@@ -97,17 +95,14 @@ class VLLMServerGenerator(GeneratorBase):
                 "retries >= 0 and timeout > 0."
             )
         self.urls = [u.rstrip("/") for u in urls]
-        self.sampling = dict(
+        self.sampling = vllm_sampling(
+            "vLLM server",
+            generation_kwargs,
             temperature=temperature,
             top_p=top_p,
-            top_k=top_k or -1,
-            min_p=min_p or 0.0,
+            top_k=top_k,
+            min_p=min_p,
             repetition_penalty=repetition_penalty,
-        )
-        self.sampling.update(
-            check_generation_kwargs(
-                "vLLM server", generation_kwargs or {}, allowed=VLLM_SAMPLING_KEYS, managed=VLLM_MANAGED_KEYS
-            )
         )
         self.timeout, self.retries, self.backoff = timeout, retries, backoff
         self.extra_body = dict(extra_body or {})
