@@ -558,11 +558,13 @@ def test_numbers_are_seeds_and_bad_rows_fail_only_their_episode(model, tokenizer
             seen.append(seed)
             return self, f"seed {seed}"
 
-    rollout_func = make_rollout_func(Recording, ChatMLProcessor(), max_turns=1, max_new_tokens=4)
+    generator = TransformersGenerator(model, pad_token_id=tokenizer.pad_token_id)
+    rollout_func = make_rollout_func(Recording, ChatMLProcessor(), max_turns=1, max_new_tokens=4, generator=generator)
     prompts = [7, 2.5, [{"role": "system", "content": "no user"}], {"a": 1}, None, "ok"]
     out = rollout_func(prompts, fake_trainer(model, tokenizer))
     assert sorted(seen) == ["2.5", "7", "ok"]
     assert out["env_ending"][2:5] == ["error"] * 3 and out["env_reward"][2:5] == [None] * 3
+    assert "error" not in out["env_ending"][:2] + out["env_ending"][5:]  # the good rows ran
     assert all(out["completion_ids"]) and all(out["prompt_ids"])
 
 

@@ -196,3 +196,38 @@ def test_options_come_grouped_or_flat_but_not_both():
         make_rollout_func(GuessEnv, ChatMLProcessor(), max_turn=3)
     with pytest.raises(ConfigError, match="env_timeout=0"):
         make_rollout_func(GuessEnv, ChatMLProcessor(), env_timeout=0)
+
+
+def test_check_template_every_warns_once_when_rollouts_differ_from_the_template(model, tokenizer):
+    class Trainer:
+        args = grpo_config("unused", max_completion_length=24)
+        processing_class = tokenizer
+        _metrics = defaultdict(lambda: defaultdict(list))
+        accelerator = None
+
+    Trainer.model = Trainer.model_wrapped = model
+    seeds = ['{"n": 2, "deltas": ["a", "b"]}'] * 4
+
+    class Extra(ChatMLProcessor):  # writes text the tiny tokenizer's template never writes
+        def init_system_input(self, prompt):
+            return "Note.\n" + super().init_system_input(prompt)
+
+    from trl_env import TransformersGenerator
+
+    gen = TransformersGenerator(model, pad_token_id=tokenizer.pad_token_id)
+    differs = make_rollout_func(ScriptedEnv, Extra(), check_template_every=1, max_new_tokens=4, generator=gen)
+    with pytest.warns(UserWarning, match="differs from the chat template"):
+        differs(seeds, Trainer())
+    from helpers import ScriptedGenerator
+
+    stops_at_once = ScriptedGenerator(
+        [5], tokenizer.convert_tokens_to_ids("<|im_end|>"), p_stop=1.0
+    )  # replies round-trip
+    agrees = make_rollout_func(
+        ScriptedEnv, ChatMLProcessor(), check_template_every=1, max_new_tokens=4, generator=stops_at_once
+    )
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        agrees(seeds, Trainer())

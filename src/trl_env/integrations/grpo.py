@@ -33,6 +33,7 @@ from trl_env.integrations.options import (
 from trl_env.processors.base import Processor, check_processor
 from trl_env.rollout import Ending, Rollout, batch_rollout
 from trl_env.rollout.transcripts import write_transcripts
+from trl_env.tools.additivity import RolloutCheck
 
 MIN_TRL = "1.16.0"
 
@@ -148,7 +149,8 @@ def make_rollout_func(
             the trainer's model in process with ``use_vllm=False``, a vLLM client with ``vllm_mode="server"``),
             ``base_url`` (vLLM server URL(s); with ``use_vllm=False`` it still selects the server backend),
             ``lora_sync`` (a directory: serve the trainer's PEFT adapter from the server(s) at each new step).
-        logging: ``LoggingOptions``: ``transcripts`` (a JSONL path), ``transcripts_every``.
+        logging: ``LoggingOptions``: ``transcripts`` (a JSONL path), ``transcripts_every``,
+            ``check_template_every`` (compare a sample of rollouts with the chat template, warn once).
         **options: the same options by their flat names.
 
     Returns:
@@ -171,7 +173,9 @@ def make_rollout_func(
 
 
 def _with_system_prompt(processor: Processor, system_prompt: str) -> Processor:
-    fields = {f.name for f in dataclasses.fields(processor)} if dataclasses.is_dataclass(processor) else set()
+    fields: set[str] = set()
+    if dataclasses.is_dataclass(processor):
+        fields = {f.name for f in dataclasses.fields(processor)}
     if "system_prompt" not in fields:
         raise ConfigError(
             f"system_prompt was given but {type(processor).__name__} has no `system_prompt` field; set the "
@@ -186,6 +190,7 @@ class RolloutFunction:
     def __init__(self, env_factory: Callable[[], Env], processor: Processor, options: RolloutOptions) -> None:
         self.env_factory, self.processor, self.options = env_factory, processor, options
         self._generators: dict[int, Generator] = {}
+        self._template_check: RolloutCheck | None = None
 
     def __call__(self, prompts: list[Any], trainer: Any) -> RolloutOutput:
         """Run one episode per prompt (a fresh env each) and return TRL's rows, in order."""
@@ -211,6 +216,7 @@ class RolloutFunction:
             )
         log_metrics(trainer, rollouts)
         self._write_transcripts(trainer, rollouts, tokenizer)
+        self._check_template(rollouts, tokenizer)
         return to_trl(rollouts, mask_truncated=mask_truncated)
 
     def _generator(self, trainer: Any) -> Generator:
@@ -223,6 +229,14 @@ class RolloutFunction:
                 raise ConfigError(f"lora_sync needs a vLLM server generator, got {type(gen).__name__}; pass base_url=.")
             gen.sync_lora(trainer, str(backend.lora_sync))
         return gen
+
+    def _check_template(self, rollouts: Sequence[Rollout], tokenizer: Any) -> None:
+        every = self.options.logging.check_template_every
+        if every <= 0:
+            return
+        if self._template_check is None:
+            self._template_check = RolloutCheck(tokenizer, self.processor, every=every)
+        self._template_check([r for r in rollouts if r.turns and r.ending is not Ending.ERROR])
 
     def _write_transcripts(self, trainer: Any, rollouts: Sequence[Rollout], tokenizer: Any) -> None:
         logging = self.options.logging

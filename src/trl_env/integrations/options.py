@@ -84,6 +84,9 @@ class LoggingOptions:
     """A JSONL file to append every episode to (see ``write_transcripts``)."""
     transcripts_every: int = 1
     """Write transcripts at every N-th trainer step only."""
+    check_template_every: int = 0
+    """Compare every N-th rollout's ids with the chat template's rendering and warn once at the first
+    difference (``trl_env.tools.additivity.RolloutCheck``); 0 turns the check off."""
 
 
 class FlatOptions(TypedDict, total=False):
@@ -102,6 +105,7 @@ class FlatOptions(TypedDict, total=False):
     lora_sync: str | os.PathLike[str] | None
     transcripts: str | os.PathLike[str] | None
     transcripts_every: int
+    check_template_every: int
 
 
 @dataclass(frozen=True)
@@ -124,7 +128,7 @@ class RolloutOptions:
         for name, group_type in (("limits", Limits), ("engine", EngineOptions), ("backend", BackendOptions),
                                  ("logging", LoggingOptions)):  # fmt: skip
             names = {f.name for f in dataclasses.fields(group_type)}
-            mine = {k: v for k, v in flat.items() if k in names}
+            mine: dict[str, Any] = {k: v for k, v in flat.items() if k in names}
             given = groups.get(name)
             if given is not None and mine:
                 raise ConfigError(
