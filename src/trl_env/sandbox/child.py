@@ -206,10 +206,10 @@ def main() -> None:
     except SystemExit:
         raise
     except BaseException as e:
-        namespace = source = None
+        del namespace, source  # the model's objects: nothing of them outlives the error
         report("end memory" if isinstance(e, MemoryError) else "end error")
-        shown, todo = traceback.TracebackException(type(e), e, e.__traceback__, lookup_lines=False), []
-        todo.append(shown)
+        shown = traceback.TracebackException(type(e), e, e.__traceback__, lookup_lines=False)
+        todo: list[traceback.TracebackException | None] = [shown]
         while todo:  # drop this program's frames (the exec and the hook) from the traceback and its chain
             t = todo.pop()
             if t is not None:

@@ -181,7 +181,7 @@ def check_additivity(
 
     for c, conversation in enumerate(conversations):
         messages = [] if system is None else [{"role": "system", "content": system}]
-        text, ids = "", []
+        text, ids = "", list[int]()
         for turn, user in enumerate(conversation.user, start=1):
             if turn == 1:
                 segments = [processor.init_system_input(user)]

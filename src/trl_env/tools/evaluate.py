@@ -121,7 +121,7 @@ def evaluate(
     progress: bool = True,
 ) -> tuple[Summary, list[Rollout]]:
     """Run one episode per seed and summarise; with ``out_dir``, also write transcripts (JSONL and markdown)."""
-    from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
     from trl_env.rollout import batch_rollout
 
