@@ -689,3 +689,21 @@ def test_keyboard_interrupt_from_env_code_still_stops_the_run(tokenizer):
             [GOOD], lambda: FailingEnv("step", KeyboardInterrupt()), ChatMLProcessor(), tokenizer, scripted(tokenizer)
         )
     time.sleep(0)  # the interrupt was delivered on the scheduler thread, the run ended
+
+
+def test_env_text_uses_the_rust_encoder_only_where_it_gives_the_tokenizers_ids(tokenizer):
+    from trl_env.rollout.episode import EnvText
+
+    assert EnvText(tokenizer)._fast is not None
+    text = "plain 日本語 <|im_end|> 42"
+    assert EnvText(tokenizer).encode(text) == tokenizer.encode(text, add_special_tokens=False)
+
+    class Lowercasing:  # a Python-level rule the Rust backend does not know
+        backend_tokenizer = tokenizer.backend_tokenizer
+        added_tokens_decoder = tokenizer.added_tokens_decoder
+
+        def encode(self, text, add_special_tokens=False):
+            return tokenizer.encode(text.lower(), add_special_tokens=add_special_tokens)
+
+    wrapped = EnvText(Lowercasing())
+    assert wrapped._fast is None and wrapped.encode("Hello World") == tokenizer.encode("hello world")
