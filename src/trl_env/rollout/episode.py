@@ -129,7 +129,15 @@ class EnvText:
         return ids + (self.encode(text[at:]) if at < len(text) else [])
 
 
-_PROBES = ("", "Hello World, The QUICK fox!", " leading space", "\n\nnewlines\n", "日本語 → é ✓", "42 + 17 = 59", "a\tb  c")
+_PROBES = (
+    "",
+    "Hello World, The QUICK fox!",
+    " leading space",
+    "\n\nnewlines\n",
+    "日本語 → é ✓",
+    "42 + 17 = 59",
+    "a\tb  c",
+)
 
 
 def _fast_encoder(tokenizer: Any, added: list[str]) -> Callable[[str], list[int]] | None:

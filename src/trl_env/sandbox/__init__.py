@@ -142,19 +142,13 @@ class Sandbox:
         finally:
             _remove_tree(workdir)
 
-    def _run_in(self, workdir: str, code: str) -> SandboxResult:
-        uid = gid = None
-        if self.drop_privileges and os.geteuid() == 0:
-            uid, gid = _nobody()
-            os.chown(workdir, uid, gid)
-        main = os.path.join(workdir, "main.py")
-        with open(main, "wb") as f:
-            f.write(code.encode("utf-8", "replace"))
-        cpu = max(1, int(self.cpu_seconds))
-        chan_r, chan_w = os.pipe()
-        config = {
+    def _child_config(
+        self, workdir: str, channel: int, uid: int | None, gid: int | None, cpu: int
+    ) -> dict[str, object]:
+        """What the child process reads from its command line: where it runs, its limits, its layers."""
+        return {
             "workdir": workdir,
-            "channel": chan_w,
+            "channel": channel,
             "netns": self.isolate_network,
             "uid": uid,
             "gid": gid,
@@ -169,6 +163,18 @@ class Sandbox:
                 (_rlimit("RLIMIT_NPROC"), 0, 0),
             ],
         }
+
+    def _run_in(self, workdir: str, code: str) -> SandboxResult:
+        uid = gid = None
+        if self.drop_privileges and os.geteuid() == 0:
+            uid, gid = _nobody()
+            os.chown(workdir, uid, gid)
+        main = os.path.join(workdir, "main.py")
+        with open(main, "wb") as f:
+            f.write(code.encode("utf-8", "replace"))
+        cpu = max(1, int(self.cpu_seconds))
+        chan_r, chan_w = os.pipe()
+        config = self._child_config(workdir, chan_w, uid, gid, cpu)
         argv = [self.python, "-I", "-B", "-u", "-X", "utf8"] + ([] if self.site_packages else ["-S"])
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
         started = time.monotonic()
@@ -207,18 +213,10 @@ class Sandbox:
         refused = next((x[8:] for x in lines if x.startswith("refused ")), "")
         ended = next((x[4:] for x in reversed(lines) if x.startswith("end ")), "")
         rc = proc.returncode
-        if timed_out or rc == -signal.SIGXCPU or (rc == -signal.SIGKILL and cpu_s >= cpu):
-            result = SandboxStatus.TIMEOUT
-        elif ended == "memory":
-            result = SandboxStatus.MEMORY
-        elif refused:
-            result = SandboxStatus.REFUSED
-        elif rc < 0:
-            result = SandboxStatus.KILLED
-        else:
-            result = SandboxStatus.OK if rc == 0 else SandboxStatus.ERROR
         return SandboxResult(
-            status=result,
+            status=_status(
+                rc, timed_out=timed_out or (rc == -signal.SIGKILL and cpu_s >= cpu), ended=ended, refused=refused
+            ),
             stdout=kept[proc.stdout].decode("utf-8", "replace"),
             stderr=kept[proc.stderr].decode("utf-8", "replace"),
             exit_code=rc,
@@ -229,6 +227,19 @@ class Sandbox:
             layers=layers,
             workdir=workdir,
         )
+
+
+def _status(rc: int, *, timed_out: bool, ended: str, refused: str) -> SandboxStatus:
+    """How a run ended, from its exit code and what the child reported on its channel."""
+    if timed_out or rc == -signal.SIGXCPU:
+        return SandboxStatus.TIMEOUT
+    if ended == "memory":
+        return SandboxStatus.MEMORY
+    if refused:
+        return SandboxStatus.REFUSED
+    if rc < 0:
+        return SandboxStatus.KILLED
+    return SandboxStatus.OK if rc == 0 else SandboxStatus.ERROR
 
 
 def _collect(caps: dict[IO[bytes], int], deadline: float) -> tuple[dict[IO[bytes], bytearray], set[IO[bytes]], bool]:
