@@ -166,54 +166,10 @@ def check_additivity(
     Returns:
         The counts, rates and the first mismatch of each kind.
     """
-    stop = _stop_string(processor, tokenizer)
-    system = getattr(processor, "system_prompt", None)
-    counts = dict.fromkeys(("reply join", "env join", "history", "text", "increment"), 0)
-    first: dict[str, Mismatch] = {}
-    joins = prompts = 0
-
-    def encode(text: str) -> list[int]:
-        return list(tokenizer.encode(text, add_special_tokens=False))
-
-    def record(kind: str, c: int, turn: int, position: int, engine: str, reference: str) -> None:
-        counts[kind] += 1
-        first.setdefault(kind, Mismatch(kind, c, turn, position, engine, reference))
-
+    replay = _Replay(tokenizer, processor, template_kwargs)
     for c, conversation in enumerate(conversations):
-        messages = [] if system is None else [{"role": "system", "content": system}]
-        text, ids = "", list[int]()
-        for turn, user in enumerate(conversation.user, start=1):
-            if turn == 1:
-                segments = [processor.init_system_input(user)]
-            else:
-                reply = conversation.replies[turn - 2]
-                messages.append({"role": "assistant", "content": reply})
-                segments = [reply + stop, processor.append_user_input(user)]
-                joins += 1
-            messages.append({"role": "user", "content": user})
-            kinds = ("prompt",) if turn == 1 else ("reply join", "env join")
-            for kind, segment in zip(kinds, segments, strict=True):
-                segment_ids = encode(segment)
-                if text:  # tok(a + b) against tok(a) + tok(b), with a = the history's text
-                    joined, separate = encode(text + segment), encode(text) + segment_ids
-                    if joined != separate:
-                        i = first_difference(separate, joined)
-                        record(kind, c, turn, i, _pieces(tokenizer, separate, i), _pieces(tokenizer, joined, i))
-                text, ids = text + segment, ids + segment_ids
-            prompts += 1
-            reference = render(tokenizer, messages, template_kwargs)
-            reference_ids = encode(reference)
-            if reference_ids != ids:
-                i = first_difference(ids, reference_ids)
-                record("history", c, turn, i, _pieces(tokenizer, ids, i), _pieces(tokenizer, reference_ids, i))
-                if reference != text:
-                    j = first_difference(text, reference)
-                    record("text", c, turn, j, _around(text, j), _around(reference, j))
-            newest = segments[-1] if turn == 1 else stop + segments[-1]
-            if not (reference == newest if turn == 1 else reference.endswith(newest)):
-                tail = reference[-len(newest) :] if turn > 1 else reference
-                i = first_difference(newest, tail)
-                record("increment", c, turn, i, _around(newest, i), _around(tail, i))
+        replay.conversation(c, conversation)
+    counts, first, joins, prompts = replay.counts, replay.first, replay.joins, replay.prompts
     return AdditivityReport(
         conversations=len(conversations),
         joins=joins,
@@ -225,6 +181,73 @@ def check_additivity(
         increment_mismatches=counts["increment"],
         first=first,
     )
+
+
+class _Replay:
+    """``check_additivity``'s state: replays conversations turn by turn and records the first mismatch of each kind."""
+
+    def __init__(self, tokenizer: Any, processor: Any, template_kwargs: Mapping[str, Any] | None) -> None:
+        self.tokenizer, self.processor, self.template_kwargs = tokenizer, processor, template_kwargs
+        self.stop = _stop_string(processor, tokenizer)
+        self.system = getattr(processor, "system_prompt", None)
+        self.counts = dict.fromkeys(("reply join", "env join", "history", "text", "increment"), 0)
+        self.first: dict[str, Mismatch] = {}
+        self.joins = self.prompts = 0
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def record(self, kind: str, c: int, turn: int, position: int, engine: str, reference: str) -> None:
+        self.counts[kind] += 1
+        self.first.setdefault(kind, Mismatch(kind, c, turn, position, engine, reference))
+
+    def conversation(self, c: int, conversation: Conversation) -> None:
+        messages = [] if self.system is None else [{"role": "system", "content": self.system}]
+        text, ids = "", list[int]()
+        for turn, user in enumerate(conversation.user, start=1):
+            if turn == 1:
+                segments = [self.processor.init_system_input(user)]
+            else:
+                reply = conversation.replies[turn - 2]
+                messages.append({"role": "assistant", "content": reply})
+                segments = [reply + self.stop, self.processor.append_user_input(user)]
+                self.joins += 1
+            messages.append({"role": "user", "content": user})
+            text, ids = self.joined(c, turn, segments, text, ids)
+            self.prompts += 1
+            self.compare(c, turn, segments, messages, text, ids)
+
+    def joined(self, c: int, turn: int, segments: list[str], text: str, ids: list[int]) -> tuple[str, list[int]]:
+        """Append the segments as the engine does; count where tok(a + b) != tok(a) + tok(b)."""
+        kinds = ("prompt",) if turn == 1 else ("reply join", "env join")
+        for kind, segment in zip(kinds, segments, strict=True):
+            segment_ids = self.encode(segment)
+            if text:  # tok(a + b) against tok(a) + tok(b), with a = the history's text
+                joined, separate = self.encode(text + segment), self.encode(text) + segment_ids
+                if joined != separate:
+                    i = first_difference(separate, joined)
+                    tok = self.tokenizer
+                    self.record(kind, c, turn, i, _pieces(tok, separate, i), _pieces(tok, joined, i))
+            text, ids = text + segment, ids + segment_ids
+        return text, ids
+
+    def compare(self, c: int, turn: int, segments: list[str], messages: list[dict[str, str]], text: str,
+                ids: list[int]) -> None:  # fmt: skip
+        """Compare the history with the template's rendering: ids, text, and the newest increment."""
+        reference = render(self.tokenizer, messages, self.template_kwargs)
+        reference_ids = self.encode(reference)
+        if reference_ids != ids:
+            i = first_difference(ids, reference_ids)
+            tok = self.tokenizer
+            self.record("history", c, turn, i, _pieces(tok, ids, i), _pieces(tok, reference_ids, i))
+            if reference != text:
+                j = first_difference(text, reference)
+                self.record("text", c, turn, j, _around(text, j), _around(reference, j))
+        newest = segments[-1] if turn == 1 else self.stop + segments[-1]
+        if not (reference == newest if turn == 1 else reference.endswith(newest)):
+            tail = reference[-len(newest) :] if turn > 1 else reference
+            i = first_difference(newest, tail)
+            self.record("increment", c, turn, i, _around(newest, i), _around(tail, i))
 
 
 def check_rollout(
