@@ -121,6 +121,7 @@ class _Engine:
         self.workers = Workers(env_workers)
         self.done: queue.SimpleQueue[Future[Any]] = queue.SimpleQueue()  # every future lands here once, when done
         self.env_calls: dict[Future[Any], tuple[Episode, Call]] = {}
+        self.closing = 0  # close calls among env_calls
         generations: dict[Future[Generation], Episode] = {}
         for ep, seed in zip(episodes, seeds, strict=True):
             self._submit(ep, "open", self.calls.open, ep.index, seed)
@@ -138,12 +139,12 @@ class _Engine:
                         if self._on_generation(ep, future):
                             self._submit(ep, "step", self.calls.step, ep.index, ep.env, ep.sampled, len(ep.turns) + 1)
                     elif future in self.env_calls:  # else: an abandoned call that returned late
-                        ep, kind = self.env_calls.pop(future)
+                        ep, kind = self._pop(future)
                         if self._on_env_call(ep, kind, future):
                             ready.append(ep)
                 for future in self._overdue():
                     self.workers.abandon(future)
-                    self._time_out(*self.env_calls.pop(future))
+                    self._time_out(*self._pop(future))
         finally:
             self.workers.close()
         return [ep.to_rollout(self.stops[0]) for ep in episodes]
@@ -151,11 +152,17 @@ class _Engine:
     def _submit(self, ep: Episode, kind: Call, fn: Callable[..., Any], *args: Any) -> None:
         future = self.workers.submit(fn, *args)
         self.env_calls[future] = (ep, kind)
+        self.closing += kind == "close"
         future.add_done_callback(self.done.put)
 
+    def _pop(self, future: Future[Any]) -> tuple[Episode, Call]:
+        ep, kind = self.env_calls.pop(future)
+        self.closing -= kind == "close"
+        return ep, kind
+
     def _episode_calls(self) -> bool:
-        """Whether an open or a step is under way (closes do not hold a wave back)."""
-        return any(kind != "close" for _, kind in self.env_calls.values())
+        """Whether an open or a step is under way (closes do not hold a wave back); O(1) per scheduler wake."""
+        return len(self.env_calls) > self.closing
 
     def _generate(self, ready: list[Episode]) -> dict[Future[Generation], Episode]:
         now = time.perf_counter()
