@@ -226,10 +226,12 @@ def test_kernel_alone_bounds_forks(kernel_layers):
     "code",
     [
         "import ctypes",
-        "import sys\nsys._getframe(1).f_locals['hook'].__defaults__ = ()",  # the hook is a local of child.main
+        "import gc\nhook = next(f for f in gc.get_objects() if getattr(f, '__name__', '') == 'hook')\n"
+        "hook.__defaults__ = ()",  # the hook is a closure of child.make_hook
+        "import sys\nsys._getframe(1).f_globals['allowed'].__defaults__ = ()",  # a helper of the hook
         "import resource\nresource.setrlimit(resource.RLIMIT_CPU, (99, 99))",
     ],
-    ids=["ctypes", "rewire-hook", "raise-limits"],
+    ids=["ctypes", "rewire-hook", "rewire-helper", "raise-limits"],
 )
 def test_ways_around_the_hook_are_refused(code):
     assert run(code).status is SandboxStatus.REFUSED

@@ -12,13 +12,15 @@ to ``channel``.
 """
 
 import json
+import linecache
 import os
+import resource
 import sys
+import traceback
 
 
 def main() -> None:
     """Run ``main.py`` in the configured working directory under the configured layers (config in ``argv[1]``)."""
-    own_file = __file__  # this program's frames carry this file name; they are dropped from the traceback
     cfg = json.loads(sys.argv[1])
     chan, work = cfg["channel"], cfg["workdir"]
 
@@ -30,21 +32,7 @@ def main() -> None:
 
     with open(os.path.join(work, "main.py"), encoding="utf-8", errors="replace") as f:
         source = f.read()
-    layers = []
-    if cfg["netns"]:
-        try:
-            import ctypes
-
-            if ctypes.CDLL(None, use_errno=True).unshare(0x40000000) == 0:  # CLONE_NEWNET
-                layers.append("netns")
-        except Exception:
-            pass
-        for name in [m for m in sys.modules if m.split(".")[0] in ("ctypes", "_ctypes")]:
-            del sys.modules[name]  # a later `import ctypes` must go through the hook
-    import linecache
-    import resource
-    import traceback
-
+    layers = ["netns"] if cfg["netns"] and enter_network_namespace() else []
     for name in cfg["preload"]:
         try:
             __import__(name)
@@ -52,17 +40,47 @@ def main() -> None:
             pass
     # Cache this file's lines while it is surely readable: a frame of this program shown later (a warning's
     # stacklevel, the code's own print_stack) is then never opened under the hook, which would refuse it.
-    linecache.getlines(own_file)
+    linecache.getlines(__file__)
     os.chdir(work)
-    if cfg["uid"] is not None:
-        try:
-            os.setgroups([])
-            os.setgid(cfg["gid"])
-            os.setuid(cfg["uid"])
-            layers.append("setuid")
-        except OSError:
-            pass
-    for res, soft, hard in cfg["rlimits"]:
+    if cfg["uid"] is not None and drop_privileges(cfg["uid"], cfg["gid"]):
+        layers.append("setuid")
+    set_rlimits(cfg["rlimits"])
+    layers.append("rlimits")
+    if cfg["audit"]:
+        sys.addaudithook(make_hook(work, report))
+        layers.append("audit")
+    report("layers " + ",".join(layers))
+    run_code(source, report)
+
+
+def enter_network_namespace() -> bool:
+    """Unshare the network namespace (needs root's capabilities); whether it worked."""
+    entered = False
+    try:
+        import ctypes
+
+        entered = ctypes.CDLL(None, use_errno=True).unshare(0x40000000) == 0  # CLONE_NEWNET
+    except Exception:
+        pass
+    for name in [m for m in sys.modules if m.split(".")[0] in ("ctypes", "_ctypes")]:
+        del sys.modules[name]  # a later `import ctypes` must go through the hook
+    return entered
+
+
+def drop_privileges(uid, gid) -> bool:
+    """Become ``uid``/``gid`` with no supplementary groups; whether it worked."""
+    try:
+        os.setgroups([])
+        os.setgid(gid)
+        os.setuid(uid)
+        return True
+    except OSError:
+        return False
+
+
+def set_rlimits(rlimits) -> None:
+    """Lower each ``(resource, soft, hard)`` limit, never above the current hard limit."""
+    for res, soft, hard in rlimits:
         _, cur = resource.getrlimit(res)
         if cur != resource.RLIM_INFINITY:
             hard = min(hard, cur)
@@ -70,80 +88,81 @@ def main() -> None:
             resource.setrlimit(res, (min(soft, hard), hard))
         except (OSError, ValueError):
             pass
-    layers.append("rlimits")
 
-    def text(path, _type=type, _str=str, _bytes=bytes):
-        if _type(path) is _bytes:
-            return _bytes.decode(path, "utf-8", "surrogateescape")
-        return path if _type(path) is _str else None
 
-    def norm(path, _getcwd=os.getcwd, _str=str):
-        if not _str.startswith(path, "/"):
-            path = _getcwd() + "/" + path
-        parts = []
-        for part in _str.split(path, "/"):
-            if part == "..":
-                if parts:
-                    parts.pop()
-            elif part and part != ".":
-                parts.append(part)
-        return "/" + "/".join(parts)
+def text(path, _type=type, _str=str, _bytes=bytes):
+    """A path as ``str`` (bytes decoded as the OS does), or ``None`` for anything else."""
+    if _type(path) is _bytes:
+        return _bytes.decode(path, "utf-8", "surrogateescape")
+    return path if _type(path) is _str else None
 
-    def allowed(path, roots, write, _text=text, _norm=norm, _str=str):
-        path = _text(path)
-        if path is None or (write and ".." in _str.split(path, "/")):
-            return False
-        path = _norm(path)
-        for root in roots:
-            if path == root or _str.startswith(path, root + "/"):
-                return True
+
+def norm(path, _getcwd=os.getcwd, _str=str):
+    """``path`` made absolute and normalised lexically (``.`` and ``..`` resolved, no symlinks followed)."""
+    if not _str.startswith(path, "/"):
+        path = _getcwd() + "/" + path
+    parts = []
+    for part in _str.split(path, "/"):
+        if part == "..":
+            if parts:
+                parts.pop()
+        elif part and part != ".":
+            parts.append(part)
+    return "/" + "/".join(parts)
+
+
+def allowed(path, roots, write, _text=text, _norm=norm, _str=str):
+    """Whether ``path`` lies under one of ``roots``; a write path may not contain ``..``."""
+    path = _text(path)
+    if path is None or (write and ".." in _str.split(path, "/")):
         return False
+    path = _norm(path)
+    for root in roots:
+        if path == root or _str.startswith(path, root + "/"):
+            return True
+    return False
 
-    READ_ROOTS = tuple(
-        sorted(
-            {
-                work,
-                sys.prefix,
-                sys.base_prefix,
-                sys.exec_prefix,
-                sys.base_exec_prefix,
-                "/usr/share/zoneinfo",
-                "/dev/null",
-                "/dev/zero",
-                "/dev/urandom",
-            }
-            | {p for p in sys.path if p.startswith("/")}
-        )
-    )
-    PATH_EVENTS = frozenset(
-        {
-            "os.mkdir", "os.rmdir", "os.remove", "os.rename", "os.truncate", "os.chmod", "os.chown", "os.utime",
-            "os.chflags", "os.lchflags", "os.lchmod", "os.setxattr", "os.removexattr", "os.chdir",
-        }
-    )  # fmt: skip
-    READ_EVENTS = frozenset({"os.listdir", "os.scandir", "os.listxattr", "os.getxattr"})
-    REFUSED_EVENTS = frozenset(
-        {
-            "os.fork", "os.forkpty", "os.system", "os.exec", "os.spawn", "os.posix_spawn", "subprocess.Popen",
-            "pty.spawn", "os.startfile", "os.symlink", "os.link", "os.mkfifo", "os.mknod", "os.killpg",
-            "resource.setrlimit", "resource.prlimit", "sys.remote_exec",
-        }
-    )  # fmt: skip
-    REFUSED_PREFIXES = ("socket.", "ctypes.", "_ctypes.")
-    REFUSED_IMPORTS = frozenset(
-        {
-            "ctypes", "_ctypes", "_posixsubprocess", "_testcapi", "_testinternalcapi", "_testmultiphase",
-            "_xxsubinterpreters", "_xxinterpchannels", "_posixshmem",
-        }
-    )  # fmt: skip
-    WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+
+PATH_EVENTS = frozenset(
+    {
+        "os.mkdir", "os.rmdir", "os.remove", "os.rename", "os.truncate", "os.chmod", "os.chown", "os.utime",
+        "os.chflags", "os.lchflags", "os.lchmod", "os.setxattr", "os.removexattr", "os.chdir",
+    }
+)  # fmt: skip
+READ_EVENTS = frozenset({"os.listdir", "os.scandir", "os.listxattr", "os.getxattr"})
+REFUSED_EVENTS = frozenset(
+    {
+        "os.fork", "os.forkpty", "os.system", "os.exec", "os.spawn", "os.posix_spawn", "subprocess.Popen",
+        "pty.spawn", "os.startfile", "os.symlink", "os.link", "os.mkfifo", "os.mknod", "os.killpg",
+        "resource.setrlimit", "resource.prlimit", "sys.remote_exec",
+    }
+)  # fmt: skip
+REFUSED_PREFIXES = ("socket.", "ctypes.", "_ctypes.")
+REFUSED_IMPORTS = frozenset(
+    {
+        "ctypes", "_ctypes", "_posixsubprocess", "_testcapi", "_testinternalcapi", "_testmultiphase",
+        "_xxsubinterpreters", "_xxinterpchannels", "_posixshmem",
+    }
+)  # fmt: skip
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+
+
+def read_roots(work):
+    """What the code may read: its working directory, the interpreter's files, a few devices and the zone info."""
+    fixed = {"/usr/share/zoneinfo", "/dev/null", "/dev/zero", "/dev/urandom"}
+    prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    return tuple(sorted({work} | fixed | prefixes | {p for p in sys.path if p.startswith("/")}))
+
+
+def make_hook(work, report):
+    """The audit hook for code running in ``work``: it refuses the event, after reporting it on the channel."""
 
     def hook(
         event,
         args,
         _allowed=allowed,
         _report=report,
-        _reads=READ_ROOTS,
+        _reads=read_roots(work),  # noqa: B008 (evaluated once, at definition, on purpose)
         _work=(work,),
         _writes=(work, "/dev/null"),
         _paths=PATH_EVENTS,
@@ -196,10 +215,12 @@ def main() -> None:
             _report("refused " + what)
             raise _Refusal(f"sandbox: {what} refused (no network, subprocesses or files outside the working directory)")
 
-    if cfg["audit"]:
-        sys.addaudithook(hook)
-        layers.append("audit")
-    report("layers " + ",".join(layers))
+    return hook
+
+
+def run_code(source, report) -> None:
+    """Run ``source`` as ``main.py``; on an error, print its traceback without this program's frames and exit 1."""
+    own_file = __file__  # this program's frames carry this file name; they are dropped from the traceback
     namespace = {"__name__": "__main__", "__file__": "main.py", "__builtins__": __builtins__}
     try:
         exec(compile(source, "main.py", "exec"), namespace)
