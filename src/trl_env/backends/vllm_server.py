@@ -37,6 +37,18 @@ PostFn = Callable[..., Any]
 """``post(url, json=..., timeout=...) -> response`` with ``.status_code``, ``.text``, ``.json()`` (requests' shape)."""
 
 
+def _http_session(n_servers: int, max_in_flight: int) -> requests.Session:
+    """A pooled session with a connection per request in flight."""
+    session = requests.Session()
+    # requests' default re-reads proxy settings from os.environ on every request (~20% of client CPU per
+    # turn, benchmarks/README.md); a vLLM server is addressed directly, with no auth from .netrc.
+    session.trust_env = False
+    adapter = requests.adapters.HTTPAdapter(pool_connections=n_servers, pool_maxsize=max_in_flight)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
+
+
 class VLLMServerGenerator(GeneratorBase):
     """Samples each turn with its own HTTP request to one or more vLLM servers (``continuous = True``)."""
 
@@ -106,13 +118,7 @@ class VLLMServerGenerator(GeneratorBase):
         )
         self.timeout, self.retries, self.backoff = timeout, retries, backoff
         self.extra_body = dict(extra_body or {})
-        session = requests.Session()
-        # requests' default re-reads proxy settings from os.environ on every request (~20% of client CPU per
-        # turn, benchmarks/README.md); a vLLM server is addressed directly, with no auth from .netrc.
-        session.trust_env = False
-        adapter = requests.adapters.HTTPAdapter(pool_connections=len(self.urls), pool_maxsize=max_in_flight)
-        session.mount("http://", adapter)
-        session.mount("https://", adapter)
+        session = _http_session(len(self.urls), max_in_flight)
         self._session = session
         self._post = post or session.post
         self._get = get or session.get
