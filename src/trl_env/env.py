@@ -60,6 +60,15 @@ class Env(Protocol):
         ...
 
 
+@runtime_checkable
+class Closable(Protocol):
+    """An env with the optional ``close()``: the engine calls it once the episode has ended, however it ended."""
+
+    def close(self) -> None:
+        """Give back what the env holds (sessions, processes, files)."""
+        ...
+
+
 class Checked(NamedTuple):
     """What an env call left behind, checked and converted to plain Python types."""
 

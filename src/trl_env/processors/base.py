@@ -50,6 +50,13 @@ class Processor(Protocol):
         ...
 
 
+@runtime_checkable
+class StopStrings(Protocol):
+    """A processor that names its end-of-turn markers (each one token, e.g. ``"<|im_end|>"``)."""
+
+    stop_strings: tuple[str, ...]
+
+
 def check_processor(processor: object) -> None:
     """Fail early when ``processor`` lacks one of the seed's methods.
 
@@ -72,7 +79,7 @@ def stop_token_ids(processor: object, tokenizer: object) -> tuple[int, ...]:
         ConfigError: if a stop string is not exactly one token of ``tokenizer``.
     """
     ids: list[int] = []
-    for text in getattr(processor, "stop_strings", ()):
+    for text in processor.stop_strings if isinstance(processor, StopStrings) else ():
         encoded = tokenizer.encode(text, add_special_tokens=False)  # type: ignore[attr-defined]  # any HF tokenizer
         if len(encoded) != 1:
             raise ConfigError(

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trl_env.errors import ProcessorError
-from trl_env.processors.base import FamilyProcessor, Processor
+from trl_env.processors.base import FamilyProcessor, Processor, StopStrings
 
 _USERS = ("Xq7 first user", "Xq7 second user", "Xq7 third user")
 _REPLIES = ("Zr5 first reply", "Zr5 second reply")
@@ -142,7 +142,7 @@ def _conversation(system: str | None, turns: int) -> list[dict[str, str]]:
 def _renders_like(factory: Any, tokenizer: Any, kwargs: dict[str, Any], systems: tuple[str | None, ...]) -> bool:
     for system in systems:
         processor = factory(system_prompt=system)
-        stop = processor.stop_strings[0] if getattr(processor, "stop_strings", ()) else ""
+        stop = processor.stop_strings[0] if isinstance(processor, StopStrings) and processor.stop_strings else ""
         try:
             if render(tokenizer, _conversation(system, 1), kwargs) != processor.init_system_input(_USERS[0]):
                 return False

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from trl_env.backends.base import FinishReason, Generation, GenerationRequest, Generator
-from trl_env.env import Env, Seed
+from trl_env.env import Closable, Env, Seed
 from trl_env.errors import (
     ConfigError,
     EnvError,
@@ -299,7 +299,7 @@ class _Engine:
 
     def _end(self, ep: Episode, ending: Ending, error: str = "") -> None:
         ep.finish(ending, error)
-        if ep.env is not None and callable(getattr(ep.env, "close", None)):
+        if isinstance(ep.env, Closable):
             self._submit(ep, "close", self.calls.close, ep.env)  # bounded by env_timeout like any env call
         if self.on_episode_end is not None:
             self.on_episode_end(ep.index)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from trl_env.backends.base import FinishReason, Generation
-from trl_env.env import Env, Seed, check_result
+from trl_env.env import Closable, Env, Seed, check_result
 from trl_env.errors import ConfigError, EnvError, EnvTimeoutError, EpisodeFailure, ProcessorError
 from trl_env.rollout.records import Budgets, Ending, Rollout, Turn
 
@@ -242,9 +242,8 @@ class Calls:
     @staticmethod
     def close(env: Env) -> None:
         """Call the env's optional ``close()`` (give back sessions, processes, files)."""
-        close = getattr(env, "close", None)
-        if callable(close):
-            close()
+        if isinstance(env, Closable) and callable(env.close):
+            env.close()
 
 
 @dataclass
