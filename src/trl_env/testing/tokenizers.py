@@ -247,11 +247,16 @@ def _with_tokens(key: str, tokens: list[str], special: Callable[[str], bool], **
         tok = _cached("qwen-bpe", _qwen_bpe)
         for t in tokens:  # one at a time: ids follow the list's order
             tok.add_tokens([AddedToken(t, special=special(t), normalized=False)], special_tokens=special(t))
-        for attribute, value in named.items():
+        for attribute, value in named.items():  # bos_token, eos_token
             setattr(tok, attribute, value)
         return tok
 
     return _cached(key, build)
+
+
+def standin_tokenizer(key: str, tokens: list[str]) -> Any:
+    """Qwen's BPE plus ``tokens``, all special, cached on disk under ``key`` (no chat template, BOS or EOS set)."""
+    return _with_tokens(key, tokens, lambda t: True)
 
 
 def _qwen(n_added: int, template: str) -> Any:

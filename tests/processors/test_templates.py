@@ -1,0 +1,73 @@
+"""Parity over every text-model chat template the installed TRL ships (``trl/chat_templates/*.jinja``).
+
+The cases come from listing the folder, so a new TRL adds cases by itself. Each template goes through
+``from_tokenizer`` on a stand-in tokenizer (Qwen's BPE with the family's special tokens, BOS and EOS),
+and the processor it returns must render exactly as the template does at the generation boundary:
+the opening equals the template's rendering of ``[system?, user]`` with the generation prompt, and each
+later rendering ends with reply + end-of-turn + ``append_user_input(next user)``, for 1-4 user turns,
+with and without a system prompt, with plain user text and with whitespace, newlines and non-ASCII.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from trl_env.processors import from_tokenizer
+from trl_env.processors.derived import history_stop
+from trl_env.testing.templates import VISION_ONLY, trl_template_tokenizer, trl_templates
+
+TEMPLATES = sorted(trl_templates())
+PLAIN = ["First user", "Second user", "Third user", "Fourth user"]
+PADDED = [" \nFirst üser, naïve\n ", "  Second 用户 ", "\tThird user\n\n", "Fourth user. "]
+REPLIES = ["Reply one", "Reply two.", "Reply 3"]
+SYSTEM = "  Be brief;\nanswer in French. "
+REFUSED: dict[str, str] = {}
+"""Template -> why it is refused (none today)."""
+
+
+def _render(tokenizer, messages, kwargs):
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+
+
+def _has_system_role(tokenizer, kwargs):
+    try:
+        _render(tokenizer, [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}], kwargs)
+    except Exception:  # noqa: BLE001  # e.g. Gemma's "System role not supported"
+        return False
+    return True
+
+
+def _variants(name):
+    text = trl_templates()[name]
+    return [{}, {"enable_thinking": False}] if "enable_thinking" in text else [{}]
+
+
+CASES = [(name, kwargs) for name in TEMPLATES for kwargs in _variants(name)]
+
+
+@pytest.mark.parametrize(("name", "kwargs"), CASES, ids=[f"{n}{k or ''}" for n, k in CASES])
+def test_every_trl_template_is_served_exactly_at_the_generation_boundary(name, kwargs):
+    tokenizer = trl_template_tokenizer(name)
+    if name in REFUSED:
+        pytest.skip(REFUSED[name])
+    systems = [None, SYSTEM] if _has_system_role(tokenizer, kwargs) else [None]
+    for system in systems:
+        processor = from_tokenizer(tokenizer, system_prompt=system, template_kwargs=kwargs)
+        stop = history_stop(processor)  # what the template writes after a past reply
+        # the model samples it (its last token being the stop token), or the processor declares the rewrite
+        assert stop.endswith(processor.stop_strings[0]) or processor.rendered_stop is not None, stop
+        for users in (PLAIN, PADDED):
+            messages = [] if system is None else [{"role": "system", "content": system}]
+            messages.append({"role": "user", "content": users[0]})
+            assert processor.init_system_input(users[0]) == _render(tokenizer, messages, kwargs), (system, users)
+            for k in range(1, 4):
+                messages += [{"role": "assistant", "content": REPLIES[k - 1]}, {"role": "user", "content": users[k]}]
+                expected = REPLIES[k - 1] + stop + processor.append_user_input(users[k])
+                rendered = _render(tokenizer, messages, kwargs)
+                assert rendered.endswith(expected), (system, users, k, rendered[-300:], expected)
+
+
+def test_the_list_covers_the_folder_minus_vision_only_templates():
+    every = trl_templates(text_only=False)
+    assert set(TEMPLATES) == {n for n in every if n.removesuffix("_training") not in VISION_ONLY}
+    assert len(TEMPLATES) >= 60  # TRL 1.16 ships 73 files
