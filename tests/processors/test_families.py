@@ -164,7 +164,8 @@ def test_reasoning_replies_match_the_template_once_its_drops_are_applied(family)
     else:
         newest = processor.append_user_input(USERS[-1])
         assert drops.sub("", mine[: -len(newest)]) + mine[-len(newest) :] == expected
-        assert mine != expected  # the drift `trl-env additivity` reports
+        if replies != list(REPLIES):  # replies with reasoning (gemma4 without thinking renders none)
+            assert mine != expected  # the drift `trl-env additivity` reports
 
 
 def test_no_second_bos_and_the_stop_token_is_one_token(family):

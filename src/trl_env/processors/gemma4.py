@@ -1,12 +1,12 @@
 r"""Gemma 4 processor: `<|turn>role\n...<turn|>\n`, thinking in `<|channel>thought\n...<channel|>`.
 
-Follows Google's Gemma 4 chat template (tools left out): `<bos>`, then a system turn when there
-is a system prompt or thinking is on (thinking writes `<|think|>` at its top), message text
-trimmed, the assistant's role `model`. Without thinking the generation prompt ends with an empty,
-closed thought channel `<|channel>thought\n<channel|>` (the 26B/31B templates; check yours with
-``from_tokenizer``). The model's turn ends at `<turn|>`. Like Qwen3's, the template re-renders
-earlier model turns without their thought channel; the token history keeps what was sampled
-(see ``trl_env.processors.qwen3`` for why).
+Follows Google's Gemma 4 chat template as TRL 1.16 ships it in all its variants (``gemma4.jinja``,
+``gemma4_v2`` ... ``gemma4_v5``, and ``diffusion_gemma``, which render plain turns identically; tools
+left out): `<bos>`, then a system turn when there is a system prompt or thinking is on (thinking
+writes `<|think|>\n` at its top), message text trimmed, the assistant's role `model`, the generation
+prompt `<|turn>model\n` with or without thinking. The model's turn ends at `<turn|>`. Like Qwen3's,
+the template re-renders earlier model turns without their thought channel; the token history keeps
+what was sampled (see ``trl_env.processors.qwen3`` for why).
 """
 
 from __future__ import annotations
@@ -23,26 +23,23 @@ class Gemma4Processor(FamilyProcessor):
     system_prompt: str | None = None
     """System message; stripped, as the template does."""
     thinking: bool = False
-    """``enable_thinking=True``: `<|think|>` in the system turn, and the model opens its own thought channel."""
+    """``enable_thinking=True``: `<|think|>` at the top of the system turn; the model opens its own thought channel."""
     stop_strings: tuple[str, ...] = ("<turn|>",)
     """End-of-turn markers; each must be one token."""
     action_tags: tuple[str, str] | None = None
     """Markers around the action, e.g. ``("<answer>", "</answer>")``; ``None``: the text after the thought."""
 
-    def _model_header(self) -> str:
-        return "<|turn>model\n" + ("" if self.thinking else "<|channel>thought\n<channel|>")
-
     def init_system_input(self, prompt: str) -> str:
         """Render `<bos>`, the system turn (if any), the first user turn and the model header."""
         system = ""
         if self.thinking or self.system_prompt is not None:
-            think = "<|think|>" if self.thinking else ""
+            think = "<|think|>\n" if self.thinking else ""
             system = f"<|turn>system\n{think}{(self.system_prompt or '').strip()}<turn|>\n"
-        return f"<bos>{system}<|turn>user\n{prompt.strip()}<turn|>\n{self._model_header()}"
+        return f"<bos>{system}<|turn>user\n{prompt.strip()}<turn|>\n<|turn>model\n"
 
     def append_user_input(self, prompt: str) -> str:
         """Close the model's turn (it stopped at `<turn|>`), then a user turn and the model header."""
-        return f"\n<|turn>user\n{prompt.strip()}<turn|>\n{self._model_header()}"
+        return f"\n<|turn>user\n{prompt.strip()}<turn|>\n<|turn>model\n"
 
     def parse(self, completion: str) -> ParsedOutput:
         """Split a turn into reasoning (the thought channel), action and a ``ParseStatus``."""
