@@ -13,6 +13,8 @@ from trl_env.processors import PROCESSORS
 from trl_env.processors.base import ParseStatus, parse_output
 
 NAMES = list(PROCESSORS)
+CLOSED = {n for n in NAMES if n.endswith("_no_thinking")} | {"gemma4"}
+"""Their generation prompts close the reasoning block (or open none): a turn has no reasoning of its own."""
 # Reasoning and action texts with no markup, no outer whitespace (parse strips).
 plain = st.text(st.characters(blacklist_characters="<>|｜", blacklist_categories=("Cs",)), max_size=30).map(str.strip)
 
@@ -24,7 +26,7 @@ def test_parse_inverts_render_for_every_family(name, reasoning, action):
     processor = get_processor(name)
     text = processor.render_agent_output(reasoning, action) + processor.stop_strings[0]
     parsed = processor.parse(text)
-    has_reasoning_block = name not in ("qwen3_no_thinking", "gemma4")  # their prompts close the block
+    has_reasoning_block = name not in CLOSED
     assert (parsed.reasoning, parsed.action) == ((reasoning if has_reasoning_block else ""), action)
     assert parsed.status is ParseStatus.OK
     assert processor.parse_agent_output(text) == (parsed.reasoning, parsed.action)
@@ -34,7 +36,7 @@ def test_parse_inverts_render_for_every_family(name, reasoning, action):
 def test_a_turn_cut_mid_thought_is_all_reasoning_and_no_action(name):
     processor = get_processor(name)
     cut = processor.render_agent_output("I think the answer is 42", "42").split("42")[0] + "42"
-    if name in ("qwen3_no_thinking", "gemma4"):
+    if name in CLOSED:
         pytest.skip("the prompt closed the reasoning block: the whole turn is the answer")
     parsed = processor.parse(cut)
     assert parsed.action == "" and parsed.status is ParseStatus.CUT_IN_REASONING

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from trl_env.processors import from_tokenizer
+from trl_env.processors import from_tokenizer, get_processor
 from trl_env.processors.derived import history_stop
 from trl_env.testing.templates import VISION_ONLY, trl_template_tokenizer, trl_templates
 
@@ -45,26 +45,87 @@ def _variants(name):
 CASES = [(name, kwargs) for name in TEMPLATES for kwargs in _variants(name)]
 
 
+def assert_serves(processor, tokenizer, kwargs, system):
+    """``processor`` (built with ``system``) renders as the template at the generation boundary."""
+    stop = history_stop(processor)  # what the template writes after a past reply
+    # the model samples it (its last token being the stop token), or the processor declares the rewrite
+    assert stop.endswith(processor.stop_strings[0]) or getattr(processor, "rendered_stop", None) is not None, stop
+    for users in (PLAIN, PADDED):
+        messages = [] if system is None else [{"role": "system", "content": system}]
+        messages.append({"role": "user", "content": users[0]})
+        assert processor.init_system_input(users[0]) == _render(tokenizer, messages, kwargs), (system, users)
+        for k in range(1, 4):
+            messages += [{"role": "assistant", "content": REPLIES[k - 1]}, {"role": "user", "content": users[k]}]
+            expected = REPLIES[k - 1] + stop + processor.append_user_input(users[k])
+            rendered = _render(tokenizer, messages, kwargs)
+            assert rendered.endswith(expected), (system, users, k, rendered[-300:], expected)
+
+
 @pytest.mark.parametrize(("name", "kwargs"), CASES, ids=[f"{n}{k or ''}" for n, k in CASES])
 def test_every_trl_template_is_served_exactly_at_the_generation_boundary(name, kwargs):
     tokenizer = trl_template_tokenizer(name)
     if name in REFUSED:
         pytest.skip(REFUSED[name])
-    systems = [None, SYSTEM] if _has_system_role(tokenizer, kwargs) else [None]
-    for system in systems:
-        processor = from_tokenizer(tokenizer, system_prompt=system, template_kwargs=kwargs)
-        stop = history_stop(processor)  # what the template writes after a past reply
-        # the model samples it (its last token being the stop token), or the processor declares the rewrite
-        assert stop.endswith(processor.stop_strings[0]) or processor.rendered_stop is not None, stop
-        for users in (PLAIN, PADDED):
-            messages = [] if system is None else [{"role": "system", "content": system}]
-            messages.append({"role": "user", "content": users[0]})
-            assert processor.init_system_input(users[0]) == _render(tokenizer, messages, kwargs), (system, users)
-            for k in range(1, 4):
-                messages += [{"role": "assistant", "content": REPLIES[k - 1]}, {"role": "user", "content": users[k]}]
-                expected = REPLIES[k - 1] + stop + processor.append_user_input(users[k])
-                rendered = _render(tokenizer, messages, kwargs)
-                assert rendered.endswith(expected), (system, users, k, rendered[-300:], expected)
+    for system in [None, SYSTEM] if _has_system_role(tokenizer, kwargs) else [None]:
+        assert_serves(
+            from_tokenizer(tokenizer, system_prompt=system, template_kwargs=kwargs), tokenizer, kwargs, system
+        )
+
+
+_GEMMA4 = ["gemma4", "gemma4_v2", "gemma4_v3", "gemma4_v4", "gemma4_v5", "diffusion_gemma"]
+_NEMOTRON = ["nemotron_3_nano", "nemotron_3_super", "nemotron_3_ultra", "nemotron_3_5_lightning"]
+_OFF = {"enable_thinking": False}
+NAMED = {  # registry name -> the TRL templates (and variables) it serves
+    "qwen2_5": [("qwen2_5", {})],
+    "qwen2_5_vl": [("qwen2_5_vl", {})],
+    "qwen3": [("qwen3", {})],
+    "qwen3_no_thinking": [("qwen3", _OFF)],
+    "qwen3_instruct_2507": [("qwen3_instruct_2507", {}), ("qwen3_vl", {})],
+    "qwen3_5": [("qwen3_5_think", {})],
+    "qwen3_5_no_thinking": [("qwen3_5_think", _OFF), ("qwen3_5_nothink", {})],
+    "qwen3_6": [("qwen3_6", {})],
+    "qwen3_6_no_thinking": [("qwen3_6", _OFF)],
+    "qwen3_8": [("qwen3_8", {})],
+    "qwen3_8_no_thinking": [("qwen3_8", _OFF)],
+    "nemotron_3": [(t, {}) for t in _NEMOTRON],
+    "nemotron_3_no_thinking": [(t, _OFF) for t in _NEMOTRON],
+    "glm4_moe": [("glm4moe", {})],
+    "glm4_moe_no_thinking": [("glm4moe", _OFF)],
+    "gpt_oss": [("gptoss", {})],
+    "llama3": [("llama3", {})],
+    "llama3_1": [("llama3_1", {})],
+    "llama3_2": [("llama3_2", {})],
+    "gemma": [("gemma", {})],
+    "gemma3": [("gemma3", {})],
+    "gemma4": [(t, kw) for t in _GEMMA4 for kw in ({}, _OFF)],
+    "gemma4_thinking": [(t, {"enable_thinking": True}) for t in _GEMMA4 if t != "gemma4_v2"],
+    "gemma4_v2_thinking": [("gemma4_v2", {"enable_thinking": True})],
+    "deepseek_r1": [("deepseek_r1_distill", {})],
+    "deepseek_v3": [("deepseekv3", {})],
+    "phi3": [("phi3", {}), ("phi3_5", {})],
+    "cohere": [("cohere", {})],
+    "lfm2": [(t, {}) for t in ("lfm2", "lfm2_v2", "lfm2_2_5", "lfm2_2_5_v2", "lfm2_2_5_vl")],
+}
+NAMED_CASES = [(name, t, kw) for name, served in NAMED.items() for t, kw in served]
+DERIVED_ONLY = {
+    "cohere2": "Command A's template writes a long default preamble; from_tokenizer serves it",
+    "muse_glimmer": "a channel format (to=user/to=self) no family has yet; from_tokenizer serves its turns",
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "template", "kwargs"), NAMED_CASES, ids=[f"{n}-{t}{k or ''}" for n, t, k in NAMED_CASES]
+)
+def test_each_registry_name_renders_as_its_official_templates(name, template, kwargs):
+    tokenizer = trl_template_tokenizer(template)
+    for system in [None, SYSTEM] if _has_system_role(tokenizer, kwargs) else [None]:
+        assert_serves(get_processor(name, system_prompt=system), tokenizer, kwargs, system)
+
+
+def test_every_official_template_has_a_registry_name_or_says_why_not():
+    named = {t.removesuffix("_training") for served in NAMED.values() for t, _ in served}
+    originals = {t for t in TEMPLATES if not t.endswith("_training")}
+    assert originals - named == set(DERIVED_ONLY)
 
 
 def test_the_list_covers_the_folder_minus_vision_only_templates():

@@ -149,6 +149,10 @@ class FamilyProcessor:
         """Whether the generation prompt leaves a reasoning block open (the turn starts inside it)."""
         return self.reasoning_open_in_prompt
 
+    def prompt_closes_reasoning(self) -> bool:
+        """Whether the generation prompt writes an empty, closed reasoning block (thinking off)."""
+        return False
+
     def turn_end_markers(self) -> tuple[str, ...]:
         """The strings that end a turn's text: the stop strings and other end-of-text tokens."""
         return (*self.stop_strings, *self.end_markers)
@@ -170,7 +174,7 @@ class FamilyProcessor:
 
     def render_agent_output(self, reasoning: str, action: str) -> str:
         """The text of a model turn with this reasoning and action (the inverse of ``parse``)."""
-        if not reasoning or self.reasoning_tags is None:
+        if not reasoning or self.reasoning_tags is None or self.prompt_closes_reasoning():
             return action
         open_tag, close_tag = self.reasoning_tags
         opened = "" if self.prompt_opens_reasoning() else f"{open_tag}\n"

@@ -65,6 +65,10 @@ class TemplateProcessor(FamilyProcessor):
         """Whether the generation prompt leaves a reasoning block open."""
         return self.reasoning_prefilled
 
+    def prompt_closes_reasoning(self) -> bool:
+        """Whether the generation prompt ends with a closed (empty) reasoning block, e.g. ``<think></think>``."""
+        return self.reasoning_tags is not None and self.first_user[1].rstrip().endswith(self.reasoning_tags[1])
+
     def turn_end_markers(self) -> tuple[str, ...]:
         """Where a turn's text ends: ``reply_end`` (if any), then the stop token."""
         return (self.reply_end, *self.stop_strings) if self.reply_end else self.stop_strings

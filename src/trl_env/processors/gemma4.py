@@ -1,12 +1,12 @@
 r"""Gemma 4 processor: `<|turn>role\n...<turn|>\n`, thinking in `<|channel>thought\n...<channel|>`.
 
 Follows Google's Gemma 4 chat template as TRL 1.16 ships it in all its variants (``gemma4.jinja``,
-``gemma4_v2`` ... ``gemma4_v5``, and ``diffusion_gemma``, which render plain turns identically; tools
+``gemma4_v2`` ... ``gemma4_v5``, and ``diffusion_gemma``, which render plain turns alike; tools
 left out): `<bos>`, then a system turn when there is a system prompt or thinking is on (thinking
-writes `<|think|>\n` at its top), message text trimmed, the assistant's role `model`, the generation
-prompt `<|turn>model\n` with or without thinking. The model's turn ends at `<turn|>`. Like Qwen3's,
-the template re-renders earlier model turns without their thought channel; the token history keeps
-what was sampled (see ``trl_env.processors.qwen3`` for why).
+writes `<|think|>\n` at its top; `gemma4_v2` writes no newline), message text trimmed, the
+assistant's role `model`, the generation prompt `<|turn>model\n` with or without thinking. The
+model's turn ends at `<turn|>`. Like Qwen3's, the template re-renders earlier model turns without
+their thought channel; the token history keeps what was sampled (see ``trl_env.processors.qwen3`` for why).
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ class Gemma4Processor(FamilyProcessor):
     """System message; stripped, as the template does."""
     thinking: bool = False
     """``enable_thinking=True``: `<|think|>` at the top of the system turn; the model opens its own thought channel."""
+    think_marker: str = "<|think|>\n"
+    """What thinking writes at the top of the system turn (``gemma4_v2.jinja``: no newline)."""
     stop_strings: tuple[str, ...] = ("<turn|>",)
     """End-of-turn markers; each must be one token."""
     action_tags: tuple[str, str] | None = None
@@ -33,7 +35,7 @@ class Gemma4Processor(FamilyProcessor):
         """Render `<bos>`, the system turn (if any), the first user turn and the model header."""
         system = ""
         if self.thinking or self.system_prompt is not None:
-            think = "<|think|>\n" if self.thinking else ""
+            think = self.think_marker if self.thinking else ""
             system = f"<|turn>system\n{think}{(self.system_prompt or '').strip()}<turn|>\n"
         return f"<bos>{system}<|turn>user\n{prompt.strip()}<turn|>\n<|turn>model\n"
 
