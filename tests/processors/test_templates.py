@@ -132,3 +132,32 @@ def test_the_list_covers_the_folder_minus_vision_only_templates():
     every = trl_templates(text_only=False)
     assert set(TEMPLATES) == {n for n in every if n.removesuffix("_training") not in VISION_ONLY}
     assert len(TEMPLATES) >= 60  # TRL 1.16 ships 73 files
+
+
+REAL = [("pypi:qwen3", t) for t in ("qwen3_5_think", "qwen3_5_nothink", "qwen3_6", "qwen3_8", "qwen3_instruct_2507")]
+REAL += [("pypi:qwen3", "qwen3_vl"), ("pypi:qwen3", "qwen2_5_vl"), ("pypi:deepseek_r1", "deepseekv3")]
+
+
+@pytest.mark.parametrize(("tokenizer_name", "template"), REAL, ids=[f"{n}-{t}" for n, t in REAL])
+def test_token_level_through_real_tokenizers(offline_tokenizer, tokenizer_name, template):
+    """The engine's ids equal the ids of its history text, and each rendering's ids end with the appended turn's."""
+    from test_families import USERS, encode, messages_for, run_engine
+
+    tokenizer = offline_tokenizer(tokenizer_name)
+    saved, tokenizer.chat_template = tokenizer.chat_template, trl_templates()[template]
+    try:
+        processor = from_tokenizer(tokenizer)
+        stop = history_stop(processor)
+        answers = [*REPLIES, "Reply four"]
+        replies = [processor.render_agent_output("so: 日本", a) for a in answers]  # reasoning, as the model samples
+        ids, actions = run_engine(tokenizer, processor, USERS, replies)
+        history = processor.init_system_input(USERS[0])
+        history += "".join(r + stop + processor.append_user_input(u) for r, u in zip(replies, USERS[1:], strict=False))
+        assert ids == encode(tokenizer, history)
+        assert actions == answers[: len(actions)]
+        for k in range(1, len(USERS) + 1):
+            rendered = encode(tokenizer, _render(tokenizer, messages_for(None, USERS[:k], replies), {}))
+            newest = processor.init_system_input(USERS[0]) if k == 1 else processor.append_user_input(USERS[k - 1])
+            assert rendered[-len(encode(tokenizer, newest)) :] == encode(tokenizer, newest), k
+    finally:
+        tokenizer.chat_template = saved
