@@ -23,6 +23,7 @@ from trl_env import (
     ProcessorError,
     batch_rollout,
 )
+from trl_env.backends.base import Generation, resolved
 
 IM_END = "<|im_end|>"
 
@@ -342,3 +343,42 @@ def test_error_kinds_are_recorded(tokenizer):
     assert r.info["error_kind"] == "env_exception"
     [r] = batch_rollout(["s"], lambda: WrongReset(result="text"), ChatMLProcessor(), tokenizer, scripted(tokenizer))
     assert r.info["error_kind"] == "env_bad_return"
+
+
+def test_each_turn_records_its_parse_status_and_the_trainer_logs_the_rates(tokenizer):
+    from collections import defaultdict
+
+    from trl_env.integrations.grpo import log_metrics
+
+    turns = ["<answer>4</answer><|im_end|>", "four<|im_end|>", "<think>hm</think><answer>5<|im_end|>"]
+
+    class Replay:
+        continuous = False
+
+        def __init__(self):
+            self.k = 0
+
+        def submit(self, requests):
+            out = []
+            for _ in requests:
+                ids, self.k = tokenizer.encode(turns[self.k], add_special_tokens=False), self.k + 1
+                out.append(resolved(Generation(ids, [0.0] * len(ids), FinishReason.STOP)))
+            return out
+
+    processor = ChatMLProcessor(action_tags=("<answer>", "</answer>"))
+    (rollout,) = batch_rollout([seed_of(3, ["go"])], ScriptedEnv, processor, tokenizer, Replay(), strict=True)
+    assert [t.parse_status for t in rollout.turns] == ["ok", "no_action_marker", "unclosed_action"]
+    assert [t.action for t in rollout.turns] == ["4", "four", "5"]
+
+    class Trainer:
+        _metrics = defaultdict(lambda: defaultdict(list))
+        accelerator = None
+
+        class model:  # noqa: N801
+            training = True
+
+    log_metrics(Trainer, [rollout])
+    logged = Trainer._metrics["train"]
+    assert logged["env/parse_ok_rate"] == [pytest.approx(1 / 3)]
+    assert logged["env/parse_no_action_marker_rate"] == [pytest.approx(1 / 3)]
+    assert logged["env/parse_cut_in_reasoning_rate"] == [0.0]

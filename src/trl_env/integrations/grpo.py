@@ -30,7 +30,7 @@ from trl_env.integrations.options import (
     LoggingOptions,
     RolloutOptions,
 )
-from trl_env.processors.base import Processor, check_processor
+from trl_env.processors.base import ParseStatus, Processor, check_processor
 from trl_env.rollout import Ending, Rollout, batch_rollout
 from trl_env.rollout.transcripts import write_transcripts
 from trl_env.tools.additivity import RolloutCheck
@@ -343,6 +343,9 @@ def log_metrics(trainer: Any, rollouts: Sequence[Rollout]) -> None:
         sums[f"ending_{ending.value}"] = sum(r.ending is ending for r in rollouts)
     for kind in ERROR_KINDS:
         sums[f"error_{kind}"] = sum(r.info.get("error_kind") == kind for r in rollouts)
+    sums["parsed"] = sum(t.parse_status is not None for t in turns)
+    for status in ParseStatus:
+        sums[f"parse_{status.value}"] = sum(t.parse_status == status.value for t in turns)
     total = dict(zip(sums, _sum_over_processes(trainer, list(sums.values())), strict=True))
     episodes, n_turns = max(total["episodes"], 1.0), max(total["turns"], 1.0)
     values = {
@@ -355,6 +358,8 @@ def log_metrics(trainer: Any, rollouts: Sequence[Rollout]) -> None:
         values[f"env/ending_{ending.value}_rate"] = total[f"ending_{ending.value}"] / episodes
     for kind in ERROR_KINDS:
         values[f"env/error_{kind}_rate"] = total[f"error_{kind}"] / episodes
+    for status in ParseStatus:  # over the turns a family processor parsed
+        values[f"env/parse_{status.value}_rate"] = total[f"parse_{status.value}"] / max(total["parsed"], 1.0)
     mode = "train" if trainer.model.training else "eval"
     for key, value in values.items():
         metrics[mode][key].append(value)

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from trl_env.backends.base import FinishReason, Generation
 from trl_env.env import Closable, Env, Seed, check_result
 from trl_env.errors import ConfigError, EnvError, EnvTimeoutError, EpisodeFailure, ProcessorError
+from trl_env.processors.base import FamilyProcessor, Processor
 from trl_env.rollout.records import Budgets, Ending, Rollout, Turn
 
 T = TypeVar("T")
@@ -65,6 +66,8 @@ class Stepped:
     env_s: float
     next_ids: list[int] | None
     """The tokenised text after this turn; ``None`` when the episode ends here (env done or out of turns)."""
+    parse_status: str | None = None
+    """How the family processor read the turn (a ``ParseStatus`` value); ``None`` for other processors."""
 
 
 class EnvText:
@@ -182,7 +185,7 @@ class Calls:
     """Everything that runs on worker threads: env code, processor code and tokenisation. Holds no model."""
 
     env_factory: Callable[[], Env]
-    processor: Any
+    processor: Processor
     text: EnvText
     max_turns: int
     closer: str
@@ -212,7 +215,7 @@ class Calls:
         """Decode and parse the sampled turn, step the env with the action, tokenise what follows."""
         started = time.perf_counter()
         text = call("server_error", self.text.tokenizer.decode, sampled.token_ids, skip_special_tokens=False)
-        parsed = call("processor_error", self.processor.parse_agent_output, text)
+        parsed, status = call("processor_error", _parse, self.processor, text)
         if not (isinstance(parsed, tuple) and len(parsed) == 2 and all(isinstance(x, str) for x in parsed)):
             raise EpisodeFailure(
                 "processor_error",
@@ -232,6 +235,7 @@ class Calls:
             text=text,
             reasoning=parsed[0],
             action=parsed[1],
+            parse_status=status,
             delta=checked.delta,
             reward=checked.reward,
             alive=checked.alive,
@@ -244,6 +248,17 @@ class Calls:
         """Call the env's optional ``close()`` (give back sessions, processes, files)."""
         if isinstance(env, Closable) and callable(env.close):
             env.close()
+
+
+def _parse(processor: Processor, text: str) -> tuple[object, str | None]:
+    """``parse_agent_output``'s answer, and the ``ParseStatus`` value when a family processor parsed it."""
+    if (
+        isinstance(processor, FamilyProcessor)
+        and type(processor).parse_agent_output is FamilyProcessor.parse_agent_output
+    ):
+        parsed = processor.parse(text)
+        return (parsed.reasoning, parsed.action), parsed.status.value
+    return processor.parse_agent_output(text), None
 
 
 @dataclass
@@ -300,6 +315,7 @@ class Episode:
                 num_env_tokens=len(env_ids),
                 generation_s=self.generation_s,
                 env_s=stepped.env_s if stepped is not None else 0.0,
+                parse_status=stepped.parse_status if stepped is not None else None,
             )
         )
         self.completion_ids += env_ids

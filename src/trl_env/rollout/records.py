@@ -69,6 +69,10 @@ class Turn:
     """Env tokens appended after this turn (0 if the episode ended here)."""
     generation_s: float
     env_s: float
+    parse_status: str | None = None
+    """How the family processor read the turn (``trl_env.processors.base.ParseStatus`` value: ``ok``,
+    ``cut_in_reasoning``, ``no_action_marker``, ``unclosed_action``); ``None`` when not parsed or for
+    processors that report none."""
 
 
 @dataclass(frozen=True)
