@@ -14,7 +14,7 @@ import pytest
 
 from trl_env.processors import from_tokenizer, get_processor
 from trl_env.processors.derived import history_stop
-from trl_env.testing.templates import VISION_ONLY, trl_template_tokenizer, trl_templates
+from trl_env.testing.templates import DERIVED_ONLY, NAMED_TEMPLATES, VISION_ONLY, trl_template_tokenizer, trl_templates
 
 TEMPLATES = sorted(trl_templates())
 PLAIN = ["First user", "Second user", "Third user", "Fourth user"]
@@ -72,45 +72,7 @@ def test_every_trl_template_is_served_exactly_at_the_generation_boundary(name, k
         )
 
 
-_GEMMA4 = ["gemma4", "gemma4_v2", "gemma4_v3", "gemma4_v4", "gemma4_v5", "diffusion_gemma"]
-_NEMOTRON = ["nemotron_3_nano", "nemotron_3_super", "nemotron_3_ultra", "nemotron_3_5_lightning"]
-_OFF = {"enable_thinking": False}
-NAMED = {  # registry name -> the TRL templates (and variables) it serves
-    "qwen2_5": [("qwen2_5", {})],
-    "qwen2_5_vl": [("qwen2_5_vl", {})],
-    "qwen3": [("qwen3", {})],
-    "qwen3_no_thinking": [("qwen3", _OFF)],
-    "qwen3_instruct_2507": [("qwen3_instruct_2507", {}), ("qwen3_vl", {})],
-    "qwen3_5": [("qwen3_5_think", {})],
-    "qwen3_5_no_thinking": [("qwen3_5_think", _OFF), ("qwen3_5_nothink", {})],
-    "qwen3_6": [("qwen3_6", {})],
-    "qwen3_6_no_thinking": [("qwen3_6", _OFF)],
-    "qwen3_8": [("qwen3_8", {})],
-    "qwen3_8_no_thinking": [("qwen3_8", _OFF)],
-    "nemotron_3": [(t, {}) for t in _NEMOTRON],
-    "nemotron_3_no_thinking": [(t, _OFF) for t in _NEMOTRON],
-    "glm4_moe": [("glm4moe", {})],
-    "glm4_moe_no_thinking": [("glm4moe", _OFF)],
-    "gpt_oss": [("gptoss", {})],
-    "llama3": [("llama3", {})],
-    "llama3_1": [("llama3_1", {})],
-    "llama3_2": [("llama3_2", {})],
-    "gemma": [("gemma", {})],
-    "gemma3": [("gemma3", {})],
-    "gemma4": [(t, kw) for t in _GEMMA4 for kw in ({}, _OFF)],
-    "gemma4_thinking": [(t, {"enable_thinking": True}) for t in _GEMMA4 if t != "gemma4_v2"],
-    "gemma4_v2_thinking": [("gemma4_v2", {"enable_thinking": True})],
-    "deepseek_r1": [("deepseek_r1_distill", {})],
-    "deepseek_v3": [("deepseekv3", {})],
-    "phi3": [("phi3", {}), ("phi3_5", {})],
-    "cohere": [("cohere", {})],
-    "lfm2": [(t, {}) for t in ("lfm2", "lfm2_v2", "lfm2_2_5", "lfm2_2_5_v2", "lfm2_2_5_vl")],
-}
-NAMED_CASES = [(name, t, kw) for name, served in NAMED.items() for t, kw in served]
-DERIVED_ONLY = {
-    "cohere2": "Command A's template writes a long default preamble; from_tokenizer serves it",
-    "muse_glimmer": "a channel format (to=user/to=self) no family has yet; from_tokenizer serves its turns",
-}
+NAMED_CASES = [(name, t, kw) for name, served in NAMED_TEMPLATES.items() for t, kw in served]
 
 
 @pytest.mark.parametrize(
@@ -123,7 +85,7 @@ def test_each_registry_name_renders_as_its_official_templates(name, template, kw
 
 
 def test_every_official_template_has_a_registry_name_or_says_why_not():
-    named = {t.removesuffix("_training") for served in NAMED.values() for t, _ in served}
+    named = {t.removesuffix("_training") for served in NAMED_TEMPLATES.values() for t, _ in served}
     originals = {t for t in TEMPLATES if not t.endswith("_training")}
     assert originals - named == set(DERIVED_ONLY)
 

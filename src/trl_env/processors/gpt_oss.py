@@ -26,6 +26,8 @@ class GptOssProcessor(FamilyProcessor):
 
     rendered_stop: ClassVar[str] = "<|end|>"
     """What the template writes after a past reply in place of the sampled `<|return|>`."""
+    reasoning_field: ClassVar[str] = "thinking"
+    """The message field the template takes a past turn's analysis from (it refuses channel tags in content)."""
 
     system_prompt: str | None = None
     """Written as the developer message's instructions; ``None`` writes no developer message."""

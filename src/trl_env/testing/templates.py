@@ -21,6 +21,48 @@ VISION_ONLY = {
 }
 """Templates of vision-language models that do not render plain-text messages, and why they are left out."""
 
+_GEMMA4 = ["gemma4", "gemma4_v2", "gemma4_v3", "gemma4_v4", "gemma4_v5", "diffusion_gemma"]
+_NEMOTRON = ["nemotron_3_nano", "nemotron_3_super", "nemotron_3_ultra", "nemotron_3_5_lightning"]
+_OFF: dict[str, object] = {"enable_thinking": False}
+NAMED_TEMPLATES: dict[str, list[tuple[str, dict[str, object]]]] = {
+    "qwen2_5": [("qwen2_5", {})],
+    "qwen2_5_vl": [("qwen2_5_vl", {})],
+    "qwen3": [("qwen3", {})],
+    "qwen3_no_thinking": [("qwen3", _OFF)],
+    "qwen3_instruct_2507": [("qwen3_instruct_2507", {}), ("qwen3_vl", {})],
+    "qwen3_5": [("qwen3_5_think", {})],
+    "qwen3_5_no_thinking": [("qwen3_5_think", _OFF), ("qwen3_5_nothink", {})],
+    "qwen3_6": [("qwen3_6", {})],
+    "qwen3_6_no_thinking": [("qwen3_6", _OFF)],
+    "qwen3_8": [("qwen3_8", {})],
+    "qwen3_8_no_thinking": [("qwen3_8", _OFF)],
+    "nemotron_3": [(t, {}) for t in _NEMOTRON],
+    "nemotron_3_no_thinking": [(t, _OFF) for t in _NEMOTRON],
+    "glm4_moe": [("glm4moe", {})],
+    "glm4_moe_no_thinking": [("glm4moe", _OFF)],
+    "gpt_oss": [("gptoss", {})],
+    "llama3": [("llama3", {})],
+    "llama3_1": [("llama3_1", {})],
+    "llama3_2": [("llama3_2", {})],
+    "gemma": [("gemma", {})],
+    "gemma3": [("gemma3", {})],
+    "gemma4": [(t, kw) for t in _GEMMA4 for kw in ({}, _OFF)],
+    "gemma4_thinking": [(t, {"enable_thinking": True}) for t in _GEMMA4 if t != "gemma4_v2"],
+    "gemma4_v2_thinking": [("gemma4_v2", {"enable_thinking": True})],
+    "deepseek_r1": [("deepseek_r1_distill", {})],
+    "deepseek_v3": [("deepseekv3", {})],
+    "phi3": [("phi3", {}), ("phi3_5", {})],
+    "cohere": [("cohere", {})],
+    "lfm2": [(t, {}) for t in ("lfm2", "lfm2_v2", "lfm2_2_5", "lfm2_2_5_v2", "lfm2_2_5_vl")],
+}
+"""Registry name -> the TRL templates (and template variables) it serves; the template tests check each pair."""
+
+DERIVED_ONLY: dict[str, str] = {
+    "cohere2": "Command A's template writes a long default preamble; from_tokenizer serves it",
+    "muse_glimmer": "a channel format (to=user/to=self) no family has yet; from_tokenizer serves its turns",
+}
+"""Official templates with no registry name, and why; ``from_tokenizer`` serves them."""
+
 _TOKEN = re.compile(
     r"<[|｜][^<>\s'\"]{1,40}[|｜]>"  # <|im_end|>, <｜User｜>
     r"|<\|[a-z_]+>|<[a-z_]+\|>"  # Gemma 4's <|turn> and <turn|>
@@ -66,7 +108,7 @@ def bos_eos(name: str) -> tuple[str, str]:
 @functools.cache
 def _all_tokens() -> tuple[str, ...]:
     found = {t for text in trl_templates(text_only=False).values() for t in _TOKEN.findall(text)}
-    found |= {t for pair in _BOS_EOS.values() for t in pair}
+    found |= {t for pair in _BOS_EOS.values() for t in pair} | {"<think>", "</think>"}  # added tokens in these families
     return tuple(sorted(found))
 
 

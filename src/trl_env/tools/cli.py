@@ -24,11 +24,18 @@ def additivity(args: argparse.Namespace) -> int:
     """Run ``trl-env additivity``; returns the exit status."""
     from trl_env.errors import ConfigError
     from trl_env.processors import from_tokenizer, get_processor
+    from trl_env.testing.templates import NAMED_TEMPLATES
     from trl_env.testing.tokenizers import OFFLINE_PAIRS, load_tokenizer
     from trl_env.tools.additivity import check_additivity, sample_conversations
 
     if args.offline:
         pairs = [(t, p, kw, args.system_prompt) for p, (t, kw) in OFFLINE_PAIRS.items()]
+        # the families no PyPI package has a tokenizer for: their first official template on a stand-in tokenizer
+        pairs += [
+            (f"trl:{served[0][0]}", p, served[0][1], args.system_prompt)
+            for p, served in NAMED_TEMPLATES.items()
+            if p not in OFFLINE_PAIRS
+        ]
     elif args.tokenizer:
         pairs = [(args.tokenizer, args.processor, json.loads(args.template_kwargs or "{}"), args.system_prompt)]
     else:
