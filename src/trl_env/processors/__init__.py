@@ -56,7 +56,6 @@ _nemotron_3 = functools.partial(Qwen3Processor, open_think=True, system_preamble
 PROCESSORS: dict[str, Callable[..., Processor]] = {
     "chatml": ChatMLProcessor,
     "qwen2_5": _default_system(ChatMLProcessor, QWEN2_5_SYSTEM_PROMPT),
-    "qwen2_5_vl": _default_system(ChatMLProcessor, "You are a helpful assistant."),
     "smollm2": _default_system(ChatMLProcessor, SMOLLM2_SYSTEM_PROMPT),
     "qwen3": Qwen3Processor,
     "qwen3_no_thinking": functools.partial(Qwen3Processor, thinking=False),
@@ -70,6 +69,7 @@ PROCESSORS: dict[str, Callable[..., Processor]] = {
     "deepseek_r1": DeepSeekR1Processor,
     "mistral_tekken": functools.partial(MistralProcessor, system_tokens=False),
     "mistral_v7_tekken": MistralProcessor,
+    "qwen2_5_vl": _default_system(ChatMLProcessor, "You are a helpful assistant."),
     "qwen3_instruct_2507": ChatMLProcessor,
     "qwen3_5": _qwen3_5,
     "qwen3_5_no_thinking": _qwen3_5_no_thinking,
