@@ -144,6 +144,18 @@ class FamilyProcessor:
     """End-of-text tokens besides ``stop_strings`` that end a turn."""
     reasoning_open_in_prompt: ClassVar[bool] = False
     """The generation prompt opens the reasoning block (DeepSeek-R1's `<think>`)."""
+    reply_end: str = ""
+    """Special tokens the model samples between its reply and the stop token (Cohere 2's ``<|END_RESPONSE|>``)."""
+    rendered_stop: str | None = None
+    """What the template writes after a past reply *instead of* the sampled stop (gpt-oss: ``<|end|>``)."""
+    reasoning_field: str | None = None
+    """The message field the template reads a past turn's reasoning from, if not its content (gpt-oss)."""
+
+    def history_stop(self) -> str:
+        """What the template writes right after a past reply: ``rendered_stop``, else ``reply_end`` + the stop."""
+        if self.rendered_stop is not None:
+            return self.rendered_stop
+        return self.reply_end + (self.stop_strings[0] if self.stop_strings else "")
 
     def prompt_opens_reasoning(self) -> bool:
         """Whether the generation prompt leaves a reasoning block open (the turn starts inside it)."""

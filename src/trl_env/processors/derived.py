@@ -95,11 +95,9 @@ class TemplateProcessor(FamilyProcessor):
 
 def history_stop(processor: Processor) -> str:
     """What the template writes right after a past reply: the processor's ``rendered_stop``, else its stop string."""
-    rendered = getattr(processor, "rendered_stop", None)
-    if rendered is not None:
-        return str(rendered)
-    stop = processor.stop_strings[0] if isinstance(processor, StopStrings) and processor.stop_strings else ""
-    return str(getattr(processor, "reply_end", "")) + stop
+    if isinstance(processor, FamilyProcessor):
+        return processor.history_stop()
+    return processor.stop_strings[0] if isinstance(processor, StopStrings) and processor.stop_strings else ""
 
 
 def from_tokenizer(

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import ClassVar
 
 from trl_env.processors.base import FamilyProcessor, ParsedOutput, parse_output
 
@@ -24,10 +23,8 @@ ANALYSIS, FINAL = "<|channel|>analysis<|message|>", "<|channel|>final<|message|>
 class GptOssProcessor(FamilyProcessor):
     """Harmony formatting: the analysis channel is the reasoning, the final channel the action."""
 
-    rendered_stop: ClassVar[str] = "<|end|>"
-    """What the template writes after a past reply in place of the sampled `<|return|>`."""
-    reasoning_field: ClassVar[str] = "thinking"
-    """The message field the template takes a past turn's analysis from (it refuses channel tags in content)."""
+    rendered_stop = "<|end|>"  # what the template writes after a past reply in place of the sampled `<|return|>`
+    reasoning_field = "thinking"  # where the template takes a past turn's analysis from (not channel tags in content)
 
     system_prompt: str | None = None
     """Written as the developer message's instructions; ``None`` writes no developer message."""

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trl_env.processors.base import FamilyProcessor
 from trl_env.processors.derived import first_difference, history_stop, render
 
 _WORDS = (
@@ -188,9 +189,10 @@ class _Replay:
 
     def __init__(self, tokenizer: Any, processor: Any, template_kwargs: Mapping[str, Any] | None) -> None:
         self.tokenizer, self.processor, self.template_kwargs = tokenizer, processor, template_kwargs
-        self.stop = str(getattr(processor, "reply_end", "")) + _stop_string(processor, tokenizer)  # as sampled
+        family = processor if isinstance(processor, FamilyProcessor) else None
+        self.stop = (family.reply_end if family else "") + _stop_string(processor, tokenizer)  # as sampled
         self.rendered_stop = history_stop(processor)  # as the template writes it after a past reply
-        self.reasoning_field = getattr(processor, "reasoning_field", None)
+        self.reasoning_field = family.reasoning_field if family else None
         self.system = getattr(processor, "system_prompt", None)
         self.counts = dict.fromkeys(("reply join", "env join", "history", "text", "increment"), 0)
         self.first: dict[str, Mismatch] = {}
