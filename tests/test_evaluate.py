@@ -64,3 +64,52 @@ def test_summary_figures():
     assert s.mean_reward == 0.5 and s.success_rate == pytest.approx(1 / 3) and s.error_rate == pytest.approx(1 / 3)
     assert s.truncation_rate == pytest.approx(1 / 3) and s.mean_turns == pytest.approx(4 / 3)
     assert s.mean_model_tokens == 2 and s.mean_completion_tokens == 3
+
+
+KW_ENV = """
+import time
+
+
+class KwEnv:
+    def __init__(self, target=0, hang=0.0):
+        self.target, self.hang, self.reward, self.alive = target, hang, 0.0, True
+
+    def reset(self, seed):
+        time.sleep(self.hang)
+        return self, f"target={self.target}"
+
+    def step(self, action):
+        self.alive = False
+        return self, f"got {action!r}"
+"""
+
+
+def test_eval_passes_env_kwargs_and_the_engine_options(tmp_path, capsys):
+    (tmp_path / "kw_env.py").write_text(KW_ENV)
+    model_dir = save_tiny_model(tmp_path / "tiny")
+    env, out = f"{tmp_path / 'kw_env.py'}:KwEnv", tmp_path / "eval"
+    common = ["eval", "--env", env, "--model", str(model_dir), "--n", "4", "--max-new-tokens", "4", "--out", str(out)]
+    assert main([*common, "--env-kwargs", '{"target": 7}', "--env-workers", "2"]) == 0
+    assert all("target=7" in line for line in (out / "transcripts.jsonl").read_text().splitlines())
+    capsys.readouterr()
+    assert main([*common, "--env-kwargs", '{"hang": 30}', "--env-timeout", "0.5"]) == 0  # every reset hangs
+    assert "| error_rate | 1 |" in capsys.readouterr().out
+    assert main([*common, "--env-kwargs", "[1, 2]"]) == 2
+    assert "--env-kwargs" in capsys.readouterr().err
+
+
+def test_eval_builds_the_processor_with_action_tags_or_from_the_tokenizer(tmp_path):
+    from trl_env.processors import TemplateProcessor
+    from trl_env.tools.cli import build_parser, processor_from_args
+
+    tokenizer = __import__("trl_env.testing.templates", fromlist=["x"]).trl_template_tokenizer("phi3")
+    args = build_parser().parse_args(["eval", "--env", GUESS, "--action-tags", "<answer>,</answer>"])
+    assert processor_from_args(args, tokenizer).action_tags == ("<answer>", "</answer>")
+    args = build_parser().parse_args(["eval", "--env", GUESS, "--processor", "auto", "--system-prompt", "S"])
+    processor = processor_from_args(args, tokenizer)
+    assert isinstance(processor, TemplateProcessor) and processor.init_system_input("u").startswith("<|system|>\nS")
+
+
+def test_eval_with_a_missing_model_folder_names_it(tmp_path, capsys):
+    assert main(["eval", "--env", GUESS, "--model", str(tmp_path / "tiny")]) == 2
+    assert "no model" in capsys.readouterr().err

@@ -80,15 +80,14 @@ def additivity(args: argparse.Namespace) -> int:
 def evaluate_command(args: argparse.Namespace) -> int:
     """Run ``trl-env eval``; returns the exit status."""
     from trl_env.errors import ConfigError
-    from trl_env.processors import get_processor
     from trl_env.rollout.records import Budgets
     from trl_env.tools.evaluate import evaluate, load_env_factory
 
     try:
-        env_factory = load_env_factory(args.env)
-        processor = get_processor(args.processor, system_prompt=args.system_prompt)
+        env_factory = _with_kwargs(load_env_factory(args.env), args.env_kwargs)
         seeds = _seeds(args)
         tokenizer, generator = _generator(args)
+        processor = processor_from_args(args, tokenizer)
     except ConfigError as e:
         print(f"trl-env eval: {e}", file=sys.stderr)
         return 2
@@ -97,11 +96,52 @@ def evaluate_command(args: argparse.Namespace) -> int:
                       max_context=generator.context_limit)  # fmt: skip
     summary, _ = evaluate(seeds, env_factory, processor, tokenizer, generator, budgets=budgets,
                           parse_truncated_turns=args.parse_truncated_turns, out_dir=args.out,
-                          success_threshold=args.success_threshold)  # fmt: skip
+                          success_threshold=args.success_threshold, env_workers=args.env_workers,
+                          env_timeout=args.env_timeout)  # fmt: skip
     print(summary.table())
     if args.out:
         print(f"transcripts: {args.out}/transcripts.jsonl, {args.out}/transcripts.md")
     return 0
+
+
+def processor_from_args(args: argparse.Namespace, tokenizer: Any) -> Any:
+    """The processor ``--processor`` names (``auto``: ``from_tokenizer``), with its system prompt and action tags."""
+    import dataclasses
+
+    from trl_env.errors import ConfigError
+    from trl_env.processors import from_tokenizer, get_processor
+
+    if args.processor == "auto":
+        processor = from_tokenizer(tokenizer, system_prompt=args.system_prompt)
+    else:
+        processor = get_processor(args.processor, system_prompt=args.system_prompt)
+    if args.action_tags:
+        tags = tuple(args.action_tags.split(","))
+        if len(tags) != 2 or not all(tags) or not dataclasses.is_dataclass(processor):
+            raise ConfigError(f"--action-tags {args.action_tags!r}: give 'OPEN,CLOSE', e.g. '<answer>,</answer>'.")
+        processor = dataclasses.replace(processor, action_tags=tags)  # type: ignore[type-var]  # a family dataclass
+    return processor
+
+
+def _with_kwargs(factory: Any, env_kwargs: str | None) -> Any:
+    """``factory`` called with ``--env-kwargs`` (a JSON object) as keyword arguments."""
+    import functools
+
+    from trl_env.errors import ConfigError
+
+    if not env_kwargs:
+        return factory
+    try:
+        kwargs = json.loads(env_kwargs)
+    except json.JSONDecodeError as e:
+        raise ConfigError(
+            f"--env-kwargs {env_kwargs!r} is not JSON ({e}); give an object, e.g. '{{\"size\": 3}}'."
+        ) from e
+    if not isinstance(kwargs, dict):
+        raise ConfigError(
+            f"--env-kwargs {env_kwargs!r}: give a JSON object of keyword arguments, e.g. '{{\"size\": 3}}'."
+        )
+    return functools.partial(factory, **kwargs)
 
 
 def _seeds(args: argparse.Namespace) -> list[str]:
@@ -129,11 +169,19 @@ def _generator(args: argparse.Namespace) -> tuple[Any, Generator]:
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or generator.served_model)
         return tokenizer, generator
     if args.model:
+        import os
+
         import torch
         from transformers import AutoModelForCausalLM
 
         from trl_env.backends.transformers import TransformersGenerator
 
+        if not os.path.isdir(args.model) and (args.model.startswith((".", "/")) or args.model.count("/") != 1):
+            raise ConfigError(
+                f"--model {args.model!r}: no model folder there, and it is not a hub id (owner/name). Build the "
+                'tiny offline model with `python -c "from trl_env.testing import save_tiny_model; '
+                "save_tiny_model('tiny')\"` and pass --model tiny, or give a local folder."
+            )
         model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -168,8 +216,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run one episode per seed; print a summary table; write JSONL and markdown transcripts.",
     )
     e.add_argument("--env", required=True, help="'module.path:EnvClass' or 'path/to/file.py:EnvClass'")
-    e.add_argument("--processor", default="chatml", help="a registry name (trl_env.processors.PROCESSORS)")
+    e.add_argument(
+        "--env-kwargs", default=None, help="JSON object of keyword arguments for the env, e.g. '{\"size\": 3}'"
+    )
+    e.add_argument("--processor", default="chatml", help="a registry name (trl_env.processors.PROCESSORS), or 'auto'")
     e.add_argument("--system-prompt", default=None)
+    e.add_argument("--action-tags", default=None, help="'OPEN,CLOSE' around the action, e.g. '<answer>,</answer>'")
+    e.add_argument("--env-workers", type=int, default=16, help="threads running env code (default 16)")
+    e.add_argument("--env-timeout", type=float, default=300.0, help="seconds an env call may take (default 300)")
     e.add_argument("--base-url", default=None, help="a vLLM (OpenAI-compatible) server, e.g. http://127.0.0.1:8000")
     e.add_argument("--model", default=None, help="a local model folder or hub id, run in process")
     e.add_argument("--tokenizer", default=None, help="default: the server's model, or --model")

@@ -119,6 +119,8 @@ def evaluate(
     out_dir: str | os.PathLike[str] | None = None,
     success_threshold: float = 1.0,
     progress: bool = True,
+    env_workers: int = 16,
+    env_timeout: float | None = 300.0,
 ) -> tuple[Summary, list[Rollout]]:
     """Run one episode per seed and summarise; with ``out_dir``, also write transcripts (JSONL and markdown)."""
     from tqdm.auto import tqdm  # type: ignore[import-untyped]
@@ -131,6 +133,7 @@ def evaluate(
         rollouts = batch_rollout(
             seeds, env_factory, processor, tokenizer, generator, budgets=budgets,
             parse_truncated_turns=parse_truncated_turns, on_episode_end=lambda _: bar.update(1),
+            env_workers=env_workers, env_timeout=env_timeout,
         )  # fmt: skip
     finally:
         bar.close()
