@@ -142,3 +142,38 @@ def assert_token_exact(rollouts, requests, outputs) -> int:
         assert offset == len(r.completion_ids), f"seed {r.seed!r}: completion has tokens no turn accounts for"
     assert sum(len(v) for v in by_prompt.values()) == 0, "a request was sent that no rollout records"
     return turns
+
+
+class CrashEnv:
+    """Misbehaves as its seed says (ok, raise, segv, exit, hang, write, memory), for the isolation tests."""
+
+    def __init__(self) -> None:
+        self.reward, self.alive, self.mode = 0.0, True, "ok"
+
+    def reset(self, seed):
+        import os
+
+        self.mode = seed
+        if seed == "exit":
+            os._exit(3)
+        if seed == "write":
+            with open("save.txt", "w") as f:
+                f.write("model-chosen file")
+            return self, os.getcwd()
+        return self, f"mode {seed}, pid {os.getpid()}"
+
+    def step(self, action):
+        import os
+        import signal
+        import time
+
+        if self.mode == "raise":
+            raise ValueError("boom in step")
+        if self.mode == "segv":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if self.mode == "hang":
+            time.sleep(120)
+        if self.mode == "memory":
+            self.hog = bytearray(2**33)
+        self.reward, self.alive = 1.0, False
+        return self, "done"

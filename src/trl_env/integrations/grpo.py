@@ -30,6 +30,7 @@ from trl_env.integrations.options import (
     LoggingOptions,
     RolloutOptions,
 )
+from trl_env.isolation import isolated
 from trl_env.processors.base import ParseStatus, Processor, check_processor
 from trl_env.rollout import Ending, Rollout, batch_rollout
 from trl_env.rollout.transcripts import write_transcripts
@@ -144,7 +145,9 @@ def make_rollout_func(
         system_prompt: replaces the processor's ``system_prompt`` field.
         limits: ``Limits``: ``max_turns`` (8), ``max_new_tokens``, ``max_completion_tokens`` (default:
             ``GRPOConfig.max_completion_length``), ``max_context`` (default: the generator's context limit).
-        engine: ``EngineOptions``: ``parse_truncated_turns``, ``strict``, ``env_workers``, ``env_timeout``.
+        engine: ``EngineOptions``: ``parse_truncated_turns``, ``strict``, ``env_workers``, ``env_timeout``,
+            ``env_executor`` (``"process"``: each env in a worker process, see ``trl_env.isolation``),
+            ``env_memory_mb``.
         backend: ``BackendOptions``: ``generator`` (a ``Generator`` or ``trainer -> Generator``; default:
             the trainer's model in process with ``use_vllm=False``, a vLLM client with ``vllm_mode="server"``),
             ``base_url`` (vLLM server URL(s); with ``use_vllm=False`` it still selects the server backend),
@@ -169,7 +172,10 @@ def make_rollout_func(
     if system_prompt is not None:
         processor = _with_system_prompt(processor, system_prompt)
     groups = {"limits": limits, "engine": engine, "backend": backend, "logging": logging}
-    return RolloutFunction(env_factory, processor, RolloutOptions.build(groups, options))
+    built = RolloutOptions.build(groups, options)
+    if built.engine.env_executor == "process":
+        env_factory = isolated(env_factory, pool_size=built.engine.env_workers, memory_mb=built.engine.env_memory_mb)
+    return RolloutFunction(env_factory, processor, built)
 
 
 def _with_system_prompt(processor: Processor, system_prompt: str) -> Processor:

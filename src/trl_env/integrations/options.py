@@ -57,9 +57,16 @@ class EngineOptions:
     """Threads running user code and tokenisation."""
     env_timeout: float | None = 300.0
     """Seconds one call into env code may run before it is abandoned; ``None`` waits forever."""
+    env_executor: str = "thread"
+    """``"thread"``: env code on the worker threads, in this process; ``"process"``: each env in a worker
+    process of its own (``trl_env.isolation.isolated``: a segfault, exit or hang ends only its episode)."""
+    env_memory_mb: int | None = None
+    """With ``env_executor="process"``: each worker's address-space limit in MiB."""
 
     def __post_init__(self) -> None:
         check_env_timeout(self.env_timeout)
+        if self.env_executor not in ("thread", "process"):
+            raise ConfigError(f"env_executor={self.env_executor!r}: use 'thread' (default) or 'process'.")
         if not isinstance(self.env_workers, int) or self.env_workers < 1:
             raise ConfigError(f"env_workers={self.env_workers!r}: it must be a positive int.")
 
@@ -100,6 +107,8 @@ class FlatOptions(TypedDict, total=False):
     strict: bool
     env_workers: int
     env_timeout: float | None
+    env_executor: str
+    env_memory_mb: int | None
     generator: Generator | Callable[[Any], Generator] | None
     base_url: str | Sequence[str] | None
     lora_sync: str | os.PathLike[str] | None

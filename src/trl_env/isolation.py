@@ -1,0 +1,200 @@
+"""Env code in worker processes: ``isolated(env_factory)``, an env factory whose envs each run in a child process.
+
+Env code normally runs on the engine's worker threads, inside the trainer's process. Wrapped with
+``isolated``, each env lives in a worker process of its own (started with ``spawn``, so nothing of
+the trainer's threads or CUDA state is inherited), in a temporary working directory of its own.
+A crash, a segfault, ``os._exit``, a hang or runaway memory (``memory_mb``) in env code then ends only
+its episode, with the reason recorded (``env_exception``, or ``env_timeout`` through ``env_timeout``),
+and the worker is replaced. Envs of different episodes run in parallel across cores (no GIL between
+them). Workers are reused across episodes (up to ``pool_size`` idle ones are kept): a reused worker
+builds a fresh env with ``env_factory()``, in a fresh working directory.
+
+The factory and everything an env returns cross a process boundary, so they must pickle: pass a
+class or a module-level function, not a lambda.
+
+Example::
+
+    rollout_func = make_rollout_func(isolated(TextWorldEnv, memory_mb=2048), processor)
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import shutil
+import signal
+import tempfile
+import threading
+import traceback
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+from trl_env.env import Action, Delta, Env, Seed
+from trl_env.errors import ConfigError, EnvError
+
+
+def isolated(env_factory: Callable[[], Env], *, pool_size: int = 16, memory_mb: int | None = None) -> Callable[[], Env]:
+    """An env factory whose envs run ``env_factory()``'s env in a worker process each (see the module docs).
+
+    Args:
+        env_factory: a picklable zero-argument callable returning an env (a class, or a module-level function).
+        pool_size: idle worker processes kept for reuse.
+        memory_mb: address-space limit of each worker (``RLIMIT_AS``); an env that exceeds it fails its episode.
+
+    Raises:
+        ConfigError: if ``env_factory`` does not pickle (a lambda or a local function), naming the fix.
+    """
+    try:
+        pickle.dumps(env_factory)
+    except Exception as e:  # noqa: BLE001  # pickle raises several types
+        raise ConfigError(
+            f"isolated({env_factory!r:.80}): the env factory must pickle to reach a worker process ({e}); pass a "
+            "class or a module-level function (or a functools.partial of one), not a lambda or a local function."
+        ) from None
+    return _Pool(env_factory, pool_size, memory_mb)
+
+
+class _Pool:
+    """The factory ``isolated`` returns: hands out ``ProcessEnv``s, keeps idle workers for reuse."""
+
+    def __init__(self, env_factory: Callable[[], Env], pool_size: int, memory_mb: int | None) -> None:
+        self.env_factory, self.pool_size, self.memory_mb = env_factory, pool_size, memory_mb
+        self._idle: list[_Worker] = []
+        self._lock = threading.Lock()
+
+    def __call__(self) -> ProcessEnv:
+        with self._lock:
+            worker = self._idle.pop() if self._idle else None
+        if worker is None or not worker.alive():
+            worker = _Worker(self.env_factory, self.memory_mb)
+        return ProcessEnv(worker, self)
+
+    def give_back(self, worker: _Worker) -> None:
+        with self._lock:
+            if len(self._idle) < self.pool_size and worker.alive():
+                self._idle.append(worker)
+                return
+        worker.stop()
+
+
+class _Worker:
+    """One child process serving one env at a time over a pipe."""
+
+    def __init__(self, env_factory: Callable[[], Env], memory_mb: int | None) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(
+            target=_serve, args=(child, env_factory, memory_mb), name="trl-env-env-worker", daemon=True
+        )
+        self.process.start()
+        child.close()
+
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    def call(self, *message: Any) -> Any:
+        try:
+            self.conn.send(message)
+            status, *payload = self.conn.recv()
+        except (EOFError, OSError, BrokenPipeError):
+            self.process.join(timeout=5)
+            raise EnvError(f"the env's worker process {self.process.pid} {_death(self.process.exitcode)}") from None
+        if status == "error":
+            name, text, trace = payload
+            raise EnvError(f"{name}: {text} (in the env's worker process)\n{trace}")
+        return payload
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(timeout=5)
+        self.conn.close()
+
+
+def _death(code: int | None) -> str:
+    if code is None:
+        return "stopped answering"
+    if code < 0:
+        return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with status {code}"
+
+
+class ProcessEnv:
+    """An env whose code runs in a worker process; ``reward`` and ``alive`` are copied back after each call."""
+
+    def __init__(self, worker: _Worker, pool: _Pool) -> None:
+        self.reward, self.alive = 0.0, True
+        self._worker, self._pool, self._busy = worker, pool, threading.Lock()
+        self._closed = False
+
+    def _call(self, *message: Any) -> Delta:
+        with self._busy:
+            delta, self.reward, self.alive = self._worker.call(*message)
+        return delta  # type: ignore[no-any-return]  # checked by the engine like any env's
+
+    def reset(self, seed: Seed) -> tuple[Env, Delta]:
+        """Build a fresh env in the worker (``env_factory()``, new working directory) and reset it."""
+        return self, self._call("reset", seed)
+
+    def step(self, action: Action) -> tuple[Env, Delta]:
+        """Step the worker's env."""
+        return self, self._call("step", action)
+
+    def close(self) -> None:
+        """Close the worker's env and give the worker back; kill it if a call is still running (a hung env)."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self._busy.acquire(blocking=False):  # a call hangs on another thread: only killing frees it
+            self._worker.stop()
+            return
+        try:
+            self._worker.call("close")
+        except EnvError:
+            self._worker.stop()
+            return
+        finally:
+            self._busy.release()
+        self._pool.give_back(self._worker)
+
+
+def _serve(conn: Connection, env_factory: Callable[[], Env], memory_mb: int | None) -> None:
+    """The worker's loop: ``reset`` builds a fresh env in a fresh directory; ``close`` closes it and waits."""
+    if memory_mb is not None:
+        import resource
+
+        limit = memory_mb * 2**20
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    env: Any = None
+    workdir = None
+    while True:
+        try:
+            command, *args = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            if command == "reset":
+                workdir = _fresh_workdir(workdir)
+                env = env_factory()
+                env, delta = env.reset(*args)
+            elif command == "step":
+                env, delta = env.step(*args)
+            else:  # close
+                if env is not None and callable(getattr(env, "close", None)):
+                    env.close()
+                env, delta = None, None
+            reward, alive = (getattr(env, "reward", 0.0), getattr(env, "alive", False)) if env else (0.0, False)
+            conn.send(("ok", delta, reward, alive))
+        except BaseException as e:  # noqa: BLE001  # everything env code raises goes back to its episode
+            conn.send(("error", type(e).__name__, str(e), traceback.format_exc(limit=-8)))
+
+
+def _fresh_workdir(previous: str | None) -> str:
+    os.chdir(tempfile.gettempdir())
+    if previous is not None:
+        shutil.rmtree(previous, ignore_errors=True)
+    workdir = tempfile.mkdtemp(prefix="trl_env_env_")
+    os.chdir(workdir)
+    return workdir

@@ -1,0 +1,93 @@
+"""isolated(env_factory): env code in worker processes; a crash, segfault, exit, hang or blow-up ends one episode."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+from helpers import CrashEnv, GuessEnv, ScriptedGenerator
+
+from trl_env import Budgets, ConfigError, Ending, batch_rollout
+from trl_env.isolation import isolated
+
+BUDGETS = Budgets(max_turns=2, max_new_tokens=4, max_completion_tokens=40)
+
+
+def generator(tokenizer):
+    return ScriptedGenerator(range(100, 200), tokenizer.convert_tokens_to_ids("<|im_end|>"), p_stop=1.0)
+
+
+def run(tokenizer, factory, seeds, **kwargs):
+    return batch_rollout(seeds, factory, _processor(), tokenizer, generator(tokenizer), budgets=BUDGETS, **kwargs)
+
+
+def _processor():
+    from trl_env import ChatMLProcessor
+
+    return ChatMLProcessor()
+
+
+def test_crashes_exits_and_errors_in_env_code_end_only_their_episode(tokenizer):
+    seeds = ["ok", "segv", "ok", "exit", "raise", "memory", "ok"]
+    rollouts = run(tokenizer, isolated(CrashEnv, memory_mb=1024), seeds, env_timeout=60)
+    by_seed = dict(zip(seeds, rollouts, strict=False))
+    assert [r.ending for r, s in zip(rollouts, seeds, strict=True) if s == "ok"] == [Ending.ENV_DONE] * 3
+    assert all(r.reward == 1.0 for r, s in zip(rollouts, seeds, strict=True) if s == "ok")
+    assert "killed by SIGSEGV" in by_seed["segv"].error and by_seed["segv"].info["error_kind"] == "env_exception"
+    assert "exited with status 3" in by_seed["exit"].error
+    assert "ValueError: boom in step" in by_seed["raise"].error
+    assert "MemoryError" in by_seed["memory"].error
+    assert all(r.ending is Ending.ERROR for s, r in by_seed.items() if s != "ok")
+
+
+def test_a_hung_env_is_abandoned_at_its_timeout_and_its_worker_killed(tokenizer):
+    import time
+
+    started = time.monotonic()
+    rollouts = run(tokenizer, isolated(CrashEnv), ["hang", "ok"], env_timeout=15)  # a worker starts in a few s
+    assert time.monotonic() - started < 60  # the hang sleeps 120 s
+    assert rollouts[0].info["error_kind"] == "env_timeout" and rollouts[1].ending is Ending.ENV_DONE
+
+
+def test_each_env_runs_in_its_own_process_and_working_directory(tokenizer):
+    before = set(os.listdir("."))
+    rollouts = run(tokenizer, isolated(CrashEnv, pool_size=0), ["write", "write"])
+    workdirs = [tokenizer.decode(r.prompt_ids).split("user\n")[1].split("<|im_end|>")[0] for r in rollouts]
+    assert len(set(workdirs)) == 2 and all(os.path.basename(d).startswith("trl_env_env_") for d in workdirs)
+    assert set(os.listdir(".")) == before  # nothing written into the trainer's working directory
+
+
+def test_isolated_envs_give_the_same_rollouts_as_in_process_ones(tokenizer):
+    seeds = [str(n) for n in range(8)]
+    local = run(tokenizer, GuessEnv, seeds)
+    remote = run(tokenizer, isolated(GuessEnv), seeds)
+    assert [(r.prompt_ids, r.completion_ids, r.reward, r.ending) for r in local] == [
+        (r.prompt_ids, r.completion_ids, r.reward, r.ending) for r in remote
+    ]
+
+
+def test_a_factory_that_cannot_reach_a_process_fails_early_with_the_fix():
+    with pytest.raises(ConfigError, match="must pickle.*not a lambda"):
+        isolated(lambda: CrashEnv())
+
+
+def test_grpo_trains_with_envs_in_worker_processes_and_a_segfault_costs_one_row(tmp_path, model, tokenizer):
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from trl_env import env_reward, make_rollout_func
+
+    rollout_func = make_rollout_func(
+        CrashEnv, _processor(), max_turns=2, max_new_tokens=4, env_executor="process", parse_truncated_turns=True
+    )
+    dataset = Dataset.from_dict({"prompt": ["ok", "segv"]})  # each step: a group of 4 of each
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4,
+                      max_completion_length=16, max_steps=2, logging_steps=1, report_to=[], save_strategy="no",
+                      use_cpu=True, bf16=False, seed=0)  # fmt: skip
+    trainer = GRPOTrainer(model=model, reward_funcs=env_reward, args=args, train_dataset=dataset,
+                          processing_class=tokenizer, rollout_func=rollout_func)  # fmt: skip
+    trainer.train()
+    logged = [h for h in trainer.state.log_history if "env/ending_error_rate" in h]
+    assert [h["env/ending_error_rate"] for h in logged] == [0.5, 0.5]  # the segfaulting group, and only it
+    assert all(math.isfinite(h["loss"]) for h in trainer.state.log_history if "loss" in h)
