@@ -177,3 +177,22 @@ class CrashEnv:
             self.hog = bytearray(2**33)
         self.reward, self.alive = 1.0, False
         return self, "done"
+
+
+class InfoEnv:
+    """Reports env-side facts in ``info`` after each call (a game-over reason, a flag, a count)."""
+
+    def __init__(self) -> None:
+        self.reward, self.alive, self.info, self.moves = 0.0, True, {}, 0
+
+    def reset(self, seed):
+        self.info = {"phase": "start", "bad": object()} if seed == "odd" else {"phase": "start"}
+        if seed == "broken":
+            self.info = ["not", "a", "dict"]
+        return self, "go"
+
+    def step(self, action):
+        self.moves += 1
+        self.alive = self.moves < 2
+        self.info = {"phase": "over" if not self.alive else "play", "moves": self.moves, "won": not self.alive}
+        return self, "next"

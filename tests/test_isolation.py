@@ -6,7 +6,7 @@ import math
 import os
 
 import pytest
-from helpers import CrashEnv, GuessEnv, ScriptedGenerator
+from helpers import CrashEnv, GuessEnv, InfoEnv, ScriptedGenerator
 
 from trl_env import Budgets, ConfigError, Ending, batch_rollout
 from trl_env.isolation import isolated
@@ -91,3 +91,8 @@ def test_grpo_trains_with_envs_in_worker_processes_and_a_segfault_costs_one_row(
     logged = [h for h in trainer.state.log_history if "env/ending_error_rate" in h]
     assert [h["env/ending_error_rate"] for h in logged] == [0.5, 0.5]  # the segfaulting group, and only it
     assert all(math.isfinite(h["loss"]) for h in trainer.state.log_history if "loss" in h)
+
+
+def test_env_info_crosses_the_process_boundary(tokenizer):
+    (rollout,) = run(tokenizer, isolated(InfoEnv), ["a"])
+    assert rollout.info["env"] == {"phase": "over", "moves": 2, "won": True}

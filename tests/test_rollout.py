@@ -9,7 +9,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from helpers import GuessEnv, ScriptedEnv, ScriptedGenerator, assert_token_exact
+from helpers import GuessEnv, InfoEnv, ScriptedEnv, ScriptedGenerator, assert_token_exact
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -382,3 +382,13 @@ def test_each_turn_records_its_parse_status_and_the_trainer_logs_the_rates(token
     assert logged["env/parse_ok_rate"] == [pytest.approx(1 / 3)]
     assert logged["env/parse_no_action_marker_rate"] == [pytest.approx(1 / 3)]
     assert logged["env/parse_cut_in_reasoning_rate"] == [0.0]
+
+
+def test_env_side_facts_in_info_reach_the_rollout_json_safe(tokenizer):
+    budgets = Budgets(max_turns=4, max_new_tokens=4, max_completion_tokens=64)
+    generator = scripted(tokenizer, p_stop=1.0)
+    rollouts = batch_rollout(["a", "odd", "broken"], InfoEnv, ChatMLProcessor(), tokenizer, generator, budgets=budgets)
+    assert rollouts[0].info["env"] == {"phase": "over", "moves": 2, "won": True}
+    assert rollouts[1].ending is Ending.ENV_DONE and rollouts[1].info["env"]["moves"] == 2
+    assert rollouts[2].info["error_kind"] == "env_bad_return" and "info must be a dict" in rollouts[2].error
+    json.dumps([r.info for r in rollouts])  # transcripts write info as JSON

@@ -6,9 +6,11 @@ An Env is anything with ``reward``, ``alive``, ``reset(seed)`` and ``step(action
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
-from typing import NamedTuple, Protocol, TypeAlias, runtime_checkable
+from collections.abc import Mapping
+from typing import Any, NamedTuple, Protocol, TypeAlias, runtime_checkable
 
 from trl_env.errors import EnvError
 
@@ -28,8 +30,11 @@ class Env(Protocol):
     reward so far (the engine reads it once, when the call returns, and reports the value after the
     last step as the episode reward) and ``alive`` says whether the episode goes on. An env may also
     have a ``close()`` method: the engine calls it (on a worker thread, bounded by ``env_timeout``)
-    once its episode has ended, however it ended. Env code runs on worker threads, several episodes
-    at once: guard state shared between instances (the global ``random``, a parser) with a lock.
+    once its episode has ended, however it ended. An env may also keep an ``info`` dict of env-side
+    facts (a game-over reason, won/lost, per-attempt scores): read after each call, its last value is
+    ``Rollout.info["env"]`` (values JSON cannot hold are written as their ``repr``). Env code runs on
+    worker threads, several episodes at once: guard state shared between instances (the global
+    ``random``, a parser) with a lock, or run envs in processes (``trl_env.isolation``).
 
     Example::
 
@@ -76,6 +81,8 @@ class Checked(NamedTuple):
     delta: Delta
     reward: float
     alive: bool
+    info: dict[str, Any] | None = None
+    """A JSON-safe copy of the env's optional ``info`` (env-side facts: a game-over reason, won/lost, counts)."""
 
 
 def check_result(result: object, env: object, *, method: str, env_index: int, turn: int) -> Checked:
@@ -127,7 +134,15 @@ def check_result(result: object, env: object, *, method: str, env_index: int, tu
         )
     if not _is_bool(alive):
         raise fail(f"left alive = {_short(alive)} ({type(alive).__name__})", "alive must be a bool")
-    return Checked(new_env, delta, reward, bool(alive))
+    info = getattr(new_env, "info", None)  # optional: env-side facts, copied into Rollout.info["env"]
+    if info is not None and not isinstance(info, Mapping):
+        raise fail(f"left info = {_short(info)} ({type(info).__name__})", "info must be a dict of facts (or absent)")
+    return Checked(new_env, delta, reward, bool(alive), None if info is None else json_safe(info))
+
+
+def json_safe(info: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``info`` that JSON can write: keys as str, values JSON can't hold as their ``repr``."""
+    return dict(json.loads(json.dumps({str(k): v for k, v in info.items()}, default=repr)))
 
 
 def _is_bool(value: object) -> bool:

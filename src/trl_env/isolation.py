@@ -27,11 +27,11 @@ import signal
 import tempfile
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
 from typing import Any
 
-from trl_env.env import Action, Delta, Env, Seed
+from trl_env.env import Action, Delta, Env, Seed, json_safe
 from trl_env.errors import ConfigError, EnvError
 
 
@@ -131,7 +131,9 @@ class ProcessEnv:
 
     def _call(self, *message: Any) -> Delta:
         with self._busy:
-            delta, self.reward, self.alive = self._worker.call(*message)
+            delta, self.reward, self.alive, info = self._worker.call(*message)
+            if info is not None:
+                self.info = info
         return delta  # type: ignore[no-any-return]  # checked by the engine like any env's
 
     def reset(self, seed: Seed) -> tuple[Env, Delta]:
@@ -186,7 +188,8 @@ def _serve(conn: Connection, env_factory: Callable[[], Env], memory_mb: int | No
                     env.close()
                 env, delta = None, None
             reward, alive = (getattr(env, "reward", 0.0), getattr(env, "alive", False)) if env else (0.0, False)
-            conn.send(("ok", delta, reward, alive))
+            info = getattr(env, "info", None)
+            conn.send(("ok", delta, reward, alive, json_safe(info) if isinstance(info, Mapping) else info))
         except BaseException as e:  # noqa: BLE001  # everything env code raises goes back to its episode
             conn.send(("error", type(e).__name__, str(e), traceback.format_exc(limit=-8)))
 

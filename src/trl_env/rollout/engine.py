@@ -236,6 +236,8 @@ class _Engine:
 
     def _on_open(self, ep: Episode, opened: Opened) -> bool:
         ep.env, ep.prompt_ids = opened.env, opened.prompt_ids
+        if opened.env_info is not None:
+            ep.info["env"] = opened.env_info
         if not opened.alive:
             ep.info["dead_at_reset"] = True
             self._end(ep, Ending.ENV_DONE)
@@ -246,6 +248,8 @@ class _Engine:
 
     def _on_step(self, ep: Episode, stepped: Stepped) -> bool:
         ep.env, ep.reward = stepped.env, stepped.reward
+        if stepped.env_info is not None:
+            ep.info["env"] = stepped.env_info
         env_ids = stepped.next_ids
         if env_ids is not None and ep.room(self.budgets, extra=len(env_ids)) < 1:
             ep.info["delta_too_long"] = len(env_ids)  # appending it would overshoot: stop before it

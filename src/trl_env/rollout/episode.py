@@ -50,6 +50,8 @@ class Opened:
     env: Env
     prompt_ids: list[int]
     alive: bool
+    env_info: dict[str, Any] | None = None
+    """The env's ``info`` after ``reset``, JSON-safe; ``None`` without one."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,8 @@ class Stepped:
     """The tokenised text after this turn; ``None`` when the episode ends here (env done or out of turns)."""
     parse_status: str | None = None
     """How the family processor read the turn (a ``ParseStatus`` value); ``None`` for other processors."""
+    env_info: dict[str, Any] | None = None
+    """The env's ``info`` after the step, JSON-safe; ``None`` without one."""
 
 
 class EnvText:
@@ -209,7 +213,8 @@ class Calls:
             )
         result = call("env_exception", env.reset, seed)
         checked = call("env_bad_return", check_result, result, env, method="reset", env_index=index, turn=0)
-        return Opened(checked.env, self.text.render(self.processor.init_system_input, checked.delta), checked.alive)
+        prompt_ids = self.text.render(self.processor.init_system_input, checked.delta)
+        return Opened(checked.env, prompt_ids, checked.alive, checked.info)
 
     def step(self, index: int, env: Env, sampled: Generation, turn: int) -> Stepped:
         """Decode and parse the sampled turn, step the env with the action, tokenise what follows."""
@@ -236,6 +241,7 @@ class Calls:
             reasoning=parsed[0],
             action=parsed[1],
             parse_status=status,
+            env_info=checked.info,
             delta=checked.delta,
             reward=checked.reward,
             alive=checked.alive,
