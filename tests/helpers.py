@@ -196,3 +196,25 @@ class InfoEnv:
         self.alive = self.moves < 2
         self.info = {"phase": "over" if not self.alive else "play", "moves": self.moves, "won": not self.alive}
         return self, "next"
+
+
+class ReplyGenerator:
+    """Answers each request with ``reply(prompt_text)`` (the model's turn, stop token included), tokenised."""
+
+    continuous = False
+
+    def __init__(self, tokenizer, reply) -> None:
+        self.tokenizer, self.reply = tokenizer, reply
+        self.requests: list[GenerationRequest] = []
+        self.outputs: list[Generation] = []
+
+    def submit(self, requests):
+        out = []
+        for request in requests:
+            prompt = self.tokenizer.decode(request.prompt_ids, skip_special_tokens=False)
+            ids = self.tokenizer.encode(self.reply(prompt), add_special_tokens=False)[: request.max_tokens]
+            generation = Generation(ids, [-0.5] * len(ids), FinishReason.STOP)
+            self.requests.append(request)
+            self.outputs.append(generation)
+            out.append(resolved(generation))
+        return out

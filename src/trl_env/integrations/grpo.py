@@ -349,6 +349,13 @@ def log_metrics(trainer: Any, rollouts: Sequence[Rollout]) -> None:
         sums[f"ending_{ending.value}"] = sum(r.ending is ending for r in rollouts)
     for kind in ERROR_KINDS:
         sums[f"error_{kind}"] = sum(r.info.get("error_kind") == kind for r in rollouts)
+    calls = [call for t in turns for call in t.tool_calls]
+    tools = _names_over_processes(trainer, sorted({name for name, _ in calls}))
+    sums["tool_calls"] = len(calls)
+    sums["tool_errors"] = sum(not ok for _, ok in calls)
+    for tool in tools:
+        sums[f"tool_calls/{tool}"] = sum(name == tool for name, _ in calls)
+        sums[f"tool_errors/{tool}"] = sum(name == tool and not ok for name, ok in calls)
     sums["parsed"] = sum(t.parse_status is not None for t in turns)
     for status in ParseStatus:
         sums[f"parse_{status.value}"] = sum(t.parse_status == status.value for t in turns)
@@ -366,9 +373,27 @@ def log_metrics(trainer: Any, rollouts: Sequence[Rollout]) -> None:
         values[f"env/error_{kind}_rate"] = total[f"error_{kind}"] / episodes
     for status in ParseStatus:  # over the turns a family processor parsed
         values[f"env/parse_{status.value}_rate"] = total[f"parse_{status.value}"] / max(total["parsed"], 1.0)
+    if total["tool_calls"]:  # over the calls the env answered (a ToolEnv, or any env answering with ToolResults)
+        values["env/tool_calls_mean"] = total["tool_calls"] / episodes
+        values["env/tool_errors_rate"] = total["tool_errors"] / total["tool_calls"]
+        for tool in tools:
+            values[f"env/tool/{tool}/calls_mean"] = total[f"tool_calls/{tool}"] / episodes
+            values[f"env/tool/{tool}/errors_rate"] = total[f"tool_errors/{tool}"] / max(
+                total[f"tool_calls/{tool}"], 1.0
+            )
     mode = "train" if trainer.model.training else "eval"
     for key, value in values.items():
         metrics[mode][key].append(value)
+
+
+def _names_over_processes(trainer: Any, names: list[str]) -> list[str]:
+    """The union of every process's ``names``, sorted (so every process sums the same keys in the same order)."""
+    accelerator = getattr(trainer, "accelerator", None)
+    if accelerator is None or getattr(accelerator, "num_processes", 1) <= 1:
+        return names
+    from accelerate.utils import gather_object  # type: ignore[import-untyped]
+
+    return sorted(set(gather_object(names)))
 
 
 def _sum_over_processes(trainer: Any, values: list[float]) -> list[float]:

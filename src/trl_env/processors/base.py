@@ -204,6 +204,10 @@ class ParseStatus(str, Enum):
     """Action markers were asked for but absent: the action is the whole text after the reasoning."""
     UNCLOSED_ACTION = "unclosed_action"
     """The last action marker opened but never closed: the action runs to the end of the turn."""
+    TOOL_CALL = "tool_call"
+    """The reply called tools in the template's native format, and every call parsed (``ToolProcessor``)."""
+    MALFORMED_TOOL_CALL = "malformed_tool_call"
+    """A call opened and did not parse (bad JSON, no name): the env answers with an error, nothing runs."""
 
 
 @dataclass(frozen=True)

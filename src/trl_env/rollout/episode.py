@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from trl_env.backends.base import FinishReason, Generation
+from trl_env.calling.processor import ToolProcessor
+from trl_env.calling.types import ToolResults
 from trl_env.env import Closable, Env, Seed, check_result
 from trl_env.errors import ConfigError, EnvError, EnvTimeoutError, EpisodeFailure, ProcessorError
 from trl_env.processors.base import FamilyProcessor, Processor
@@ -72,6 +74,8 @@ class Stepped:
     """How the family processor read the turn (a ``ParseStatus`` value); ``None`` for other processors."""
     env_info: dict[str, Any] | None = None
     """The env's ``info`` after the step, JSON-safe; ``None`` without one."""
+    tool_calls: tuple[tuple[str, bool], ...] = ()
+    """(tool name, succeeded) for each tool result the env answered with."""
 
 
 class EnvText:
@@ -120,6 +124,23 @@ class EnvText:
                 "cannot keep them plain text; render the text unchanged (or stripped)."
             ),
         )
+
+    def segments(self, pieces: list[tuple[str, bool]], *, lead: str = "") -> list[int]:
+        """Tokenise ``lead`` and rendered pieces, each marked env text or not; env text never becomes a special token.
+
+        Without an added token's string in the env pieces, the joined text is encoded whole (as ``render`` does).
+        """
+        if self._added is None or not any(env and self._added.search(text) for text, env in pieces):
+            return call("env_bad_return", self.encode, lead + "".join(text for text, _ in pieces))
+        ids, wrapper = [], lead
+        for text, env in pieces:
+            if env:
+                ids += self.encode(wrapper) if wrapper else []
+                ids += call("env_bad_return", self.plain, text)
+                wrapper = ""
+            else:
+                wrapper += text
+        return ids + (self.encode(wrapper) if wrapper else [])
 
     def _join(self, prefix: str, env_text: str, suffix: str) -> list[int]:
         return self.encode(prefix) + self.plain(env_text) + self.encode(suffix)
@@ -234,7 +255,12 @@ class Calls:
         next_ids = None
         if checked.alive and turn < self.max_turns:
             lead = "" if sampled.finish_reason is FinishReason.STOP else self.closer
-            next_ids = self.text.render(self.processor.append_user_input, checked.delta, lead=lead)
+            if isinstance(checked.delta, ToolResults) and isinstance(self.processor, ToolProcessor):
+                pieces = call("processor_error", self.processor.append_segments, checked.delta)
+                next_ids = self.text.segments(pieces, lead=lead)
+            else:
+                next_ids = self.text.render(self.processor.append_user_input, checked.delta, lead=lead)
+        results = checked.delta.results if isinstance(checked.delta, ToolResults) else ()
         return Stepped(
             env=checked.env,
             text=text,
@@ -242,6 +268,7 @@ class Calls:
             action=parsed[1],
             parse_status=status,
             env_info=checked.info,
+            tool_calls=tuple((r.name, r.ok) for r in results),
             delta=checked.delta,
             reward=checked.reward,
             alive=checked.alive,
@@ -257,11 +284,11 @@ class Calls:
 
 
 def _parse(processor: Processor, text: str) -> tuple[object, str | None]:
-    """``parse_agent_output``'s answer, and the ``ParseStatus`` value when a family processor parsed it."""
+    """``parse_agent_output``'s answer, and the ``ParseStatus`` value when a family or tool processor parsed it."""
     if (
         isinstance(processor, FamilyProcessor)
         and type(processor).parse_agent_output is FamilyProcessor.parse_agent_output
-    ):
+    ) or isinstance(processor, ToolProcessor):
         parsed = processor.parse(text)
         return (parsed.reasoning, parsed.action), parsed.status.value
     return processor.parse_agent_output(text), None
@@ -322,6 +349,7 @@ class Episode:
                 generation_s=self.generation_s,
                 env_s=stepped.env_s if stepped is not None else 0.0,
                 parse_status=stepped.parse_status if stepped is not None else None,
+                tool_calls=stepped.tool_calls if stepped is not None else (),
             )
         )
         self.completion_ids += env_ids

@@ -73,6 +73,8 @@ class Turn:
     """How the family processor read the turn (``trl_env.processors.base.ParseStatus`` value: ``ok``,
     ``cut_in_reasoning``, ``no_action_marker``, ``unclosed_action``); ``None`` when not parsed or for
     processors that report none."""
+    tool_calls: tuple[tuple[str, bool], ...] = ()
+    """(tool name, succeeded) for each tool result the env answered this turn with (``trl_env.calling``)."""
 
 
 @dataclass(frozen=True)
