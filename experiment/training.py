@@ -55,6 +55,8 @@ def train(
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     model, tokenizer = load_model_and_tokenizer(args.model, AutoModelForCausalLM, AutoTokenizer)
+    if not callable(getattr(processor, "init_system_input", None)):  # a builder: tokenizer -> processor
+        processor = processor(tokenizer)
     os.makedirs(args.out, exist_ok=True)
     transcripts = os.path.join(args.out, f"transcripts_seed{args.seed}.jsonl")
     if os.path.exists(transcripts):
@@ -92,7 +94,8 @@ def train(
     trainer.train()
     wall = time.perf_counter() - started
 
-    rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h and "train_runtime" not in h]
+    # A step whose episodes all ended unscored (cut before any env step) logs no reward: left out.
+    rewards = [h["reward"] for h in trainer.state.log_history if h.get("reward") is not None]
     k = max(1, len(rewards) // 4)
     summary = {"first_mean": sum(rewards[:k]) / k, "last_mean": sum(rewards[-k:]) / k, "wall_s": wall}
     print(f"[{name}] reward per step: {[round(r, 3) for r in rewards]}")
