@@ -47,12 +47,8 @@ def look_up(query: str) -> str:
 TOOLS = [add, look_up]
 ALL = sorted(trl_templates())
 TOOL_TEMPLATES = [n for n in ALL if supports_tool_calling(trl_template_tokenizer(n))]
-REFUSED = {
-    "muse_glimmer": "no parser reads",
-    "muse_glimmer_training": "no parser reads",
-}
-"""Tool templates trl-env refuses, and the reason it gives: Muse Glimmer writes arguments as XML parameters, which
-neither transformers' parsers, TRL's response templates nor a JSON layout read."""
+REFUSED: dict[str, str] = {}
+"""Tool templates trl-env refuses, and the reason it gives (none today)."""
 SERVED = [n for n in TOOL_TEMPLATES if n not in REFUSED]
 SYSTEM = "Use the tools; answer briefly."
 CALLS = [[("add", {"a": 2, "b": 40})], [("look_up", {"query": 'Paris, "France"'}), ("add", {"a": 7, "b": -3})]]
@@ -71,7 +67,17 @@ def _conversation(system, calls, args_as_text=False):
 
 def test_the_cases_cover_every_tool_template_trl_ships():
     assert len(TOOL_TEMPLATES) >= 40, TOOL_TEMPLATES
-    for family in ("qwen3", "qwen3_5_think", "glm4moe", "gptoss", "llama3_1", "gemma4", "lfm2_2_5", "deepseekv3"):
+    for family in (
+        "qwen3",
+        "qwen3_5_think",
+        "glm4moe",
+        "gptoss",
+        "llama3_1",
+        "gemma4",
+        "lfm2_2_5",
+        "deepseekv3",
+        "muse_glimmer",
+    ):
         assert family in SERVED
 
 
@@ -120,10 +126,16 @@ def test_a_reply_without_a_call_is_text_and_a_broken_call_is_malformed(name):
     assert broken.action.calls[0].error
 
 
-@pytest.mark.parametrize("name", sorted(REFUSED))
-def test_refused_tool_templates_say_why(name):
-    with pytest.raises(ProcessorError, match=REFUSED[name]):
-        ToolProcessor.from_tokenizer(trl_template_tokenizer(name), TOOLS)
+def test_a_template_whose_calls_no_parser_reads_back_is_refused_with_the_fix():
+    tokenizer = trl_template_tokenizer("qwen3")
+    tokenizer.chat_template = (  # the arguments as "k: v, " and the name after them: no parser reads that back
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.tool_calls %}{% for c in m.tool_calls %}<call>"
+        "{% for k, v in c.function.arguments.items() %}{{ k }}: {{ v }}, {% endfor %}@{{ c.function.name }}</call>"
+        "{% endfor %}{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    with pytest.raises(ProcessorError, match="no parser reads this chat template's tool calls back"):
+        ToolProcessor.from_tokenizer(tokenizer, TOOLS)
 
 
 @pytest.mark.parametrize("name", ["cohere", "phi3", "llama3", "gemma3"])

@@ -8,7 +8,8 @@ trl-env renders at the generation boundary, so from a template with tools it nee
    the results, rendered for the called tools' names (``result_segments``);
 3. a parser for a reply's calls: the response template the tokenizer ships, else the first of TRL's response
    templates (``trl.chat_template_utils``) that gives back the calls of the template's own renderings of probe
-   calls, else a JSON layout read off those renderings (``JsonCallLayout``). None fits: refused, with the reason.
+   calls, else a layout read off those renderings: the arguments as one JSON object (``JsonCallLayout``) or one
+   tag per argument (``TagCallLayout``). None fits: refused, with the reason.
 """
 
 from __future__ import annotations
@@ -122,6 +123,79 @@ class JsonCallLayout:
 
 
 @dataclass(frozen=True)
+class TagCallLayout:
+    """A call layout with one tag per argument (Muse's ``<atem:parameter name="k">v</atem:parameter>``).
+
+    Read off the rendering of a call with two arguments; values are typed by the tool's JSON schema.
+    """
+
+    open: str
+    name_end: str
+    arg_open: str
+    arg_sep: str
+    arg_close: str
+
+    def parse(self, text: str, tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The calls in ``text``, each up to the next call."""
+        head = re.compile(re.escape(self.open) + r"([A-Za-z_][\w.\-:]*)" + re.escape(self.name_end))
+        arg = re.compile(
+            re.escape(self.arg_open)
+            + r"([A-Za-z_]\w*)"
+            + re.escape(self.arg_sep)
+            + r"(.*?)"
+            + re.escape(self.arg_close),
+            re.S,
+        )
+        found = list(head.finditer(text))
+        calls = []
+        for i, match in enumerate(found):
+            body = text[match.end() : found[i + 1].start() if i + 1 < len(found) else len(text)]
+            name = match.group(1)
+            args = {a.group(1): _typed(tools, name, a.group(1), a.group(2)) for a in arg.finditer(body)}
+            calls.append({"type": "function", "function": {"name": name, "arguments": args}})
+        return calls
+
+    @classmethod
+    def read(cls, reply: str, call: tuple[str, dict[str, Any]]) -> TagCallLayout | None:
+        """The layout of ``reply``, the rendering of ``call`` (a tool with two arguments), or ``None``."""
+        name, args = call
+        (k1, v1), (k2, v2) = [(k, str(v)) for k, v in args.items()]
+        at_k1 = reply.find(k1)
+        at_v1 = reply.find(v1, at_k1)
+        at_k2 = reply.find(k2, at_v1)
+        at_v2 = reply.find(v2, at_k2)
+        at_name = reply.rfind(name, 0, at_k1)
+        if min(at_k1, at_v1, at_k2, at_v2, at_name) < 0:
+            return None
+        after_name, after_v1 = reply[at_name + len(name) : at_k1], reply[at_v1 + len(v1) : at_k2]
+        arg_open = after_name
+        while not after_v1.endswith(arg_open):
+            arg_open = arg_open[1:]
+        line = reply[:at_name].rpartition("\n")[2]
+        if not arg_open or not line:
+            return None
+        return cls(
+            open=line,
+            name_end=after_name[: len(after_name) - len(arg_open)],
+            arg_open=arg_open,
+            arg_sep=reply[at_k1 + len(k1) : at_v1],
+            arg_close=after_v1[: len(after_v1) - len(arg_open)],
+        )
+
+
+def _typed(tools: list[dict[str, Any]], name: str, key: str, value: str) -> Any:
+    """``value`` as the tool's schema types argument ``key`` (a string stays as written)."""
+    schema: dict[str, Any] = next((t["function"] for t in tools if t.get("function", {}).get("name") == name), {})
+    kind = schema.get("parameters", {}).get("properties", {}).get(key, {}).get("type", "string")
+    if kind == "string":
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
+@dataclass(frozen=True)
 class ToolFormat:
     """A template's tool-calling format, read by ``ToolFormat.read``; renders results and parses calls."""
 
@@ -134,7 +208,7 @@ class ToolFormat:
     call_marker: str
     """Text that opens a call: a reply holding it that does not parse is a malformed call."""
     parser: str
-    """Where the call parser comes from: ``tokenizer``, ``trl:<name>`` (TRL's response template) or ``json-layout``."""
+    """The call parser: ``tokenizer``, ``trl:<name>`` (TRL's response template), ``json-layout`` or ``tag-layout``."""
     parallel: bool
     """The template renders several calls in one reply (Llama 3.1 and gpt-oss render one)."""
     content_form: str
@@ -144,7 +218,7 @@ class ToolFormat:
     args_as_text: bool = False
     """The template takes a call's arguments as a JSON string (DeepSeek V3), not a dict."""
     schema: Mapping[str, Any] | None = field(default=None, repr=False)
-    layout: JsonCallLayout | None = None
+    layout: JsonCallLayout | TagCallLayout | None = None
     prefix: str = field(default="", repr=False)
     _wrappers: dict[tuple[str, ...], tuple[str, ...]] = field(default_factory=dict, repr=False, compare=False)
 
@@ -184,8 +258,13 @@ class ToolFormat:
         parallel = probe.renders_parallel()
         prefix = probe.render([], tools=_PROBE_TOOLS, generation=True)
         replies = [probe.reply(calls, call_stop) for calls in _PROBE_CALLS[: 2 if parallel else 1]]
-        marker = _call_marker(replies[0], _PROBE_CALLS[0][0][0])
         parser, schema, layout = _choose_parser(tokenizer, prefix, replies, parallel)
+        if isinstance(layout, TagCallLayout):
+            marker = layout.open
+        elif isinstance(layout, JsonCallLayout):
+            marker = layout.before
+        else:
+            marker = _call_marker(replies[0], _PROBE_CALLS[0][0][0])
         return cls(
             tokenizer=tokenizer,
             tools=schemas,
@@ -205,7 +284,10 @@ class ToolFormat:
 
     def parse_calls(self, text: str) -> list[ToolCall] | None:
         """The calls in a decoded reply (special tokens kept): ``[]`` without any, ``None`` if one is malformed."""
-        if self.layout is not None:
+        found: list[Any] | None
+        if isinstance(self.layout, TagCallLayout):
+            found = self.layout.parse(text, self.tools)
+        elif self.layout is not None:
             found = self.layout.parse(text)
         else:
             try:
@@ -412,7 +494,7 @@ def _call_marker(reply: str, name: str) -> str:
 
 def _choose_parser(
     tokenizer: Any, prefix: str, replies: list[str], parallel: bool
-) -> tuple[str, Mapping[str, Any] | None, JsonCallLayout | None]:
+) -> tuple[str, Mapping[str, Any] | None, JsonCallLayout | TagCallLayout | None]:
     """The first parser that gives back every probe reply's calls: the tokenizer's, TRL's, a JSON layout."""
     import trl.chat_template_utils as trl_templates
 
@@ -437,9 +519,14 @@ def _choose_parser(
         _calls_of({"tool_calls": layout.parse(r)}) == w for r, w in zip(replies, wanted, strict=True)
     ):
         return "json-layout", None, layout
+    tags = TagCallLayout.read(replies[0], wanted[0][0])
+    if tags is not None and all(
+        _calls_of({"tool_calls": tags.parse(r, _PROBE_TOOLS)}) == w for r, w in zip(replies, wanted, strict=True)
+    ):
+        return "tag-layout", None, tags
     raise ProcessorError(
         f"no parser reads this chat template's tool calls back: neither the tokenizer's response_template, nor TRL's "
-        f"response templates, nor a JSON layout give back the calls of its rendering {replies[0]!r:.200}. Set "
+        f"response templates, nor a JSON or tag layout give back the calls of its rendering {replies[0]!r:.200}. Set "
         "tokenizer.response_template (transformers' response parsing) for it."
     )
 
