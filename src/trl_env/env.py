@@ -74,6 +74,20 @@ class Closable(Protocol):
         ...
 
 
+@runtime_checkable
+class Truncatable(Protocol):
+    """An env told when trl-env ends its episode first (``max_turns`` or a token budget), before its reward is read.
+
+    ``truncate(reason)`` runs once, on a worker thread bounded by ``env_timeout``, with ``reason`` ``"max_turns"``
+    or ``"length"``, then ``close()``; the ``reward`` (and ``info``) it leaves is the episode's. An env that scores
+    only when its own game ends (partial credit in TextArena) settles the score here.
+    """
+
+    def truncate(self, reason: str) -> None:
+        """Settle the episode's final reward (and info): trl-env ended it for ``reason``."""
+        ...
+
+
 class Checked(NamedTuple):
     """What an env call left behind, checked and converted to plain Python types."""
 

@@ -12,9 +12,13 @@ builds a fresh env with ``env_factory()``, in a fresh working directory.
 The factory and everything an env returns cross a process boundary, so they must pickle: pass a
 class or a module-level function, not a lambda.
 
+For a library that is merely not thread-safe (shared global state, no crashes), ``serialized(env_factory)``
+is the cheap answer: every call into its envs holds one lock, so they run one at a time, in this process.
+
 Example::
 
     rollout_func = make_rollout_func(isolated(TextWorldEnv, memory_mb=2048), processor)
+    rollout_func = make_rollout_func(serialized(TextArenaEnv), processor)  # seeds the global `random` in reset
 """
 
 from __future__ import annotations
@@ -31,8 +35,62 @@ from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
 from typing import Any
 
-from trl_env.env import Action, Delta, Env, Seed, json_safe
+from trl_env.env import Action, Closable, Delta, Env, Seed, Truncatable, json_safe
 from trl_env.errors import ConfigError, EnvError
+
+
+def serialized(env_factory: Callable[[], Env]) -> Callable[[], Env]:
+    """An env factory whose envs' calls (construction, ``reset``, ``step``, ``truncate``, ``close``) hold one lock.
+
+    For env code that is not thread-safe: TextArena seeds Python's global ``random`` in ``reset``, so two
+    concurrent resets can hand one episode another seed's game; a shared parser races on first load. Calls then
+    run one at a time (model turns still overlap them); for CPU-bound or crashing env code use ``isolated``.
+    """
+    lock = threading.Lock()
+
+    def make() -> Env:
+        with lock:
+            return SerializedEnv(env_factory(), lock)
+
+    return make
+
+
+class SerializedEnv:
+    """An env whose calls hold its factory's lock; ``reward``, ``alive`` and ``info`` are copied after each call."""
+
+    def __init__(self, env: Env, lock: threading.Lock) -> None:
+        self.env, self._lock = env, lock
+        self.reward, self.alive = env.reward, env.alive
+
+    def _copy(self, env: Env, delta: Delta) -> tuple[Env, Delta]:
+        self.env, self.reward, self.alive = env, env.reward, env.alive
+        info = getattr(env, "info", None)  # optional in the Env protocol
+        if info is not None:
+            self.info = info
+        return self, delta
+
+    def reset(self, seed: Seed) -> tuple[Env, Delta]:
+        """The env's ``reset``, under the lock."""
+        with self._lock:
+            return self._copy(*self.env.reset(seed))
+
+    def step(self, action: Action) -> tuple[Env, Delta]:
+        """The env's ``step``, under the lock."""
+        with self._lock:
+            return self._copy(*self.env.step(action))
+
+    def truncate(self, reason: str) -> None:
+        """The env's ``truncate`` if it has one, under the lock."""
+        if isinstance(self.env, Truncatable):
+            with self._lock:
+                self.env.truncate(reason)
+                self._copy(self.env, "")
+
+    def close(self) -> None:
+        """The env's ``close`` if it has one, under the lock."""
+        if isinstance(self.env, Closable):
+            with self._lock:
+                self.env.close()
 
 
 def isolated(env_factory: Callable[[], Env], *, pool_size: int = 16, memory_mb: int | None = None) -> Callable[[], Env]:
@@ -144,6 +202,10 @@ class ProcessEnv:
         """Step the worker's env."""
         return self, self._call("step", action)
 
+    def truncate(self, reason: str) -> None:
+        """Tell the worker's env that trl-env ended its episode, if it listens (``Truncatable``)."""
+        self._call("truncate", reason)
+
     def close(self) -> None:
         """Close the worker's env and give the worker back; kill it if a call is still running (a hung env)."""
         if self._closed:
@@ -183,6 +245,10 @@ def _serve(conn: Connection, env_factory: Callable[[], Env], memory_mb: int | No
                 env, delta = env.reset(*args)
             elif command == "step":
                 env, delta = env.step(*args)
+            elif command == "truncate":
+                if isinstance(env, Truncatable):
+                    env.truncate(*args)
+                delta = ""
             else:  # close
                 if env is not None and callable(getattr(env, "close", None)):
                     env.close()

@@ -329,3 +329,22 @@ def test_real_qwen_tokenizer_parses_its_own_calls():
     ids = tok.encode(call("add", a=1, b=2) + "<|im_end|>", add_special_tokens=False)
     parsed = processor.parse(tok.decode(ids, skip_special_tokens=False))
     assert [(c.name, dict(c.arguments)) for c in parsed.action.calls] == [("add", {"a": 1, "b": 2})]
+
+
+def test_tool_envs_run_in_worker_processes_with_the_same_rollouts(tokenizer):
+    """ToolCalls and ToolResults cross the process boundary with their calls and results."""
+    from trl_env.isolation import isolated
+
+    tok = qwen_tokenizer(tokenizer)
+    processor = ToolProcessor.from_tokenizer(tok, TOOLS)
+    replies = [call("add", a=2, b=40) + call("divide", a=1, b=0) + "<|im_end|>", "42<|im_end|>"]
+
+    def run(env_factory):
+        generator = ReplyGenerator(tok, lambda prompt: replies[prompt.count("<|im_start|>assistant") - 1])
+        return batch_rollout(["2+40", "2+40"], env_factory, processor, tok, generator)
+
+    factory = functools.partial(ToolEnv, TOOLS, score=score)
+    threads, processes = run(factory), run(isolated(factory, pool_size=2))
+    assert [r.completion_ids for r in processes] == [r.completion_ids for r in threads]
+    assert [r.reward for r in processes] == [r.reward for r in threads] == [1.0, 1.0]
+    assert processes[0].turns[0].tool_calls == (("add", True), ("divide", False))

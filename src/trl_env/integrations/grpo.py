@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 import numbers
 from collections.abc import Callable, Sequence
 from typing import Any, TypedDict
@@ -356,6 +357,11 @@ def log_metrics(trainer: Any, rollouts: Sequence[Rollout]) -> None:
     for tool in tools:
         sums[f"tool_calls/{tool}"] = sum(name == tool for name, _ in calls)
         sums[f"tool_errors/{tool}"] = sum(name == tool and not ok for name, ok in calls)
+    facts = [r.info["env"] for r in rollouts if isinstance(r.info.get("env"), dict)]
+    stats = _names_over_processes(trainer, sorted({name for f in facts for name in _fact_stats(f)}))
+    for name in stats:  # "mean:<key>" for numbers, "rate:<key>" for flags; over the episodes that report the key
+        values_of = [v for f in facts for n, v in _fact_stats(f).items() if n == name]
+        sums[f"{name}/sum"], sums[f"{name}/n"] = sum(values_of), len(values_of)
     sums["parsed"] = sum(t.parse_status is not None for t in turns)
     for status in ParseStatus:
         sums[f"parse_{status.value}"] = sum(t.parse_status == status.value for t in turns)
@@ -381,9 +387,23 @@ def log_metrics(trainer: Any, rollouts: Sequence[Rollout]) -> None:
             values[f"env/tool/{tool}/errors_rate"] = total[f"tool_errors/{tool}"] / max(
                 total[f"tool_calls/{tool}"], 1.0
             )
+    for name in stats:  # env-side facts (the env's optional ``info``): numbers averaged, flags as rates
+        kind, _, key = name.partition(":")
+        values[f"env/info/{key}_{kind}"] = total[f"{name}/sum"] / max(total[f"{name}/n"], 1.0)
     mode = "train" if trainer.model.training else "eval"
     for key, value in values.items():
         metrics[mode][key].append(value)
+
+
+def _fact_stats(info: dict[str, Any]) -> dict[str, float]:
+    """An env's info as statistics: ``rate:<key>`` for a flag, ``mean:<key>`` for a finite number; the rest skipped."""
+    stats = {}
+    for key, value in info.items():
+        if isinstance(value, bool):
+            stats[f"rate:{key}"] = float(value)
+        elif isinstance(value, int | float) and math.isfinite(value):
+            stats[f"mean:{key}"] = float(value)
+    return stats
 
 
 def _names_over_processes(trainer: Any, names: list[str]) -> list[str]:

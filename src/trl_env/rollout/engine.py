@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from trl_env.backends.base import FinishReason, Generation, GenerationRequest, Generator
-from trl_env.env import Closable, Env, Seed
+from trl_env.env import Closable, Env, Seed, Truncatable
 from trl_env.errors import (
     ConfigError,
     EnvError,
@@ -232,6 +232,12 @@ class _Engine:
             return self._on_open(ep, result)
         if kind == "step":
             return self._on_step(ep, result)
+        if result is not None:  # a Truncatable env settled its reward after trl-env ended the episode
+            ep.reward = result.reward
+            if result.info is not None:
+                ep.info["env"] = result.info
+            if result.delta:
+                ep.info["close_error"] = result.delta
         return False
 
     def _on_open(self, ep: Episode, opened: Opened) -> bool:
@@ -303,7 +309,10 @@ class _Engine:
 
     def _end(self, ep: Episode, ending: Ending, error: str = "") -> None:
         ep.finish(ending, error)
-        if isinstance(ep.env, Closable):
-            self._submit(ep, "close", self.calls.close, ep.env)  # bounded by env_timeout like any env call
+        truncated = ending.value if ending in (Ending.MAX_TURNS, Ending.LENGTH) and ep.turns else None
+        if isinstance(ep.env, Closable) or (truncated is not None and isinstance(ep.env, Truncatable)):
+            if truncated is not None and isinstance(ep.env, Truncatable):
+                ep.info["truncated"] = truncated
+            self._submit(ep, "close", self.calls.close, ep.env, ep.index, truncated)  # bounded by env_timeout
         if self.on_episode_end is not None:
             self.on_episode_end(ep.index)

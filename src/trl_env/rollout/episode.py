@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from trl_env.backends.base import FinishReason, Generation
 from trl_env.calling.processor import ToolProcessor
 from trl_env.calling.types import ToolResults
-from trl_env.env import Closable, Env, Seed, check_result
+from trl_env.env import Checked, Closable, Env, Seed, Truncatable, check_result
 from trl_env.errors import ConfigError, EnvError, EnvTimeoutError, EpisodeFailure, ProcessorError
 from trl_env.processors.base import FamilyProcessor, Processor
 from trl_env.rollout.records import Budgets, Ending, Rollout, Turn
@@ -277,10 +277,27 @@ class Calls:
         )
 
     @staticmethod
-    def close(env: Env) -> None:
-        """Call the env's optional ``close()`` (give back sessions, processes, files)."""
-        if isinstance(env, Closable) and callable(env.close):
-            env.close()
+    def close(env: Env, index: int, truncated: str | None = None) -> Checked | None:
+        """Tell a ``Truncatable`` env that trl-env ended its episode (``truncated``: why), then call ``close()``.
+
+        Returns the env's reward and info after ``truncate`` (``None`` when not told); a ``close()`` that raises
+        after a successful ``truncate`` does not lose them (its error is recorded).
+        """
+        settled = None
+        try:
+            if truncated is not None and isinstance(env, Truncatable):
+                call("env_exception", env.truncate, truncated)
+                result = (env, "")
+                settled = call("env_bad_return", check_result, result, env, method="truncate", env_index=index, turn=-1)
+        finally:
+            if isinstance(env, Closable) and callable(env.close):
+                try:
+                    env.close()
+                except BaseException as e:  # noqa: BLE001  # recorded with the settled reward kept
+                    if settled is None:
+                        raise
+                    return settled._replace(delta=f"{type(e).__name__}: {e}")
+        return settled
 
 
 def _parse(processor: Processor, text: str) -> tuple[object, str | None]:

@@ -1,0 +1,126 @@
+"""The env's side of an episode's end: a Truncatable env settles its reward when trl-env cuts the episode."""
+
+from __future__ import annotations
+
+from tests.helpers import ReplyGenerator
+from trl_env import Budgets, ChatMLProcessor, Ending, batch_rollout
+from trl_env.isolation import isolated
+
+
+class PartialCreditEnv:
+    """Scores only when its own game ends (after `seed` moves); `truncate` settles partial credit instead."""
+
+    closed: list[str] = []
+
+    def __init__(self) -> None:
+        self.reward, self.alive, self.moves, self.goal = 0.0, True, 0, 0
+        self.info: dict[str, object] = {}
+
+    def reset(self, seed):
+        self.goal = int(seed)
+        return self, f"Make {self.goal} moves."
+
+    def step(self, action):
+        self.moves += 1
+        self.alive = self.moves < self.goal
+        if not self.alive:
+            self.reward, self.info = 1.0, {"over": "won"}
+        return self, "Next move."
+
+    def truncate(self, reason: str) -> None:
+        self.reward = self.moves / self.goal / 2
+        self.info = {"over": reason, "moves": self.moves}
+
+    def close(self) -> None:
+        PartialCreditEnv.closed.append(str(self.moves))
+
+
+class BrokenTruncate(PartialCreditEnv):
+    def truncate(self, reason: str) -> None:
+        raise RuntimeError("no score for you")
+
+
+def run(tokenizer, env_factory, seeds, **budgets):
+    generator = ReplyGenerator(tokenizer, lambda prompt: "move<|im_end|>")
+    return batch_rollout(seeds, env_factory, ChatMLProcessor(), tokenizer, generator, budgets=Budgets(**budgets))
+
+
+def test_a_cut_at_max_turns_lets_the_env_settle_its_reward_before_it_is_read(tokenizer):
+    PartialCreditEnv.closed.clear()
+    cut, won = run(tokenizer, PartialCreditEnv, ["4", "2"], max_turns=2)
+    assert cut.ending is Ending.MAX_TURNS and cut.reward == 0.25 and cut.info["truncated"] == "max_turns"
+    assert cut.info["env"] == {"over": "max_turns", "moves": 2}
+    assert won.ending is Ending.ENV_DONE and won.reward == 1.0 and "truncated" not in won.info
+    assert sorted(PartialCreditEnv.closed) == ["2", "2"]  # close() still runs, after truncate
+
+
+def test_a_cut_by_the_token_budget_is_reported_as_length(tokenizer):
+    [cut] = run(tokenizer, PartialCreditEnv, ["9"], max_turns=8, max_completion_tokens=24)
+    assert cut.ending is Ending.LENGTH and cut.info["truncated"] == "length"
+    assert cut.reward == cut.info["env"]["moves"] / 9 / 2 > 0
+
+
+def test_a_truncate_that_raises_keeps_the_last_reward_and_records_the_error(tokenizer):
+    PartialCreditEnv.closed.clear()
+    [cut] = run(tokenizer, BrokenTruncate, ["4"], max_turns=2)
+    assert cut.ending is Ending.MAX_TURNS and cut.reward == 0.0 and "no score for you" in cut.info["close_error"]
+    assert PartialCreditEnv.closed == ["2"]
+
+
+def test_truncate_reaches_an_env_in_a_worker_process(tokenizer):
+    [cut] = run(tokenizer, isolated(PartialCreditEnv, pool_size=1), ["4"], max_turns=2)
+    assert cut.reward == 0.25 and cut.info["env"] == {"over": "max_turns", "moves": 2}
+
+
+def test_env_facts_become_metrics_numbers_averaged_and_flags_as_rates(tokenizer):
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    from trl_env.integrations.grpo import log_metrics
+
+    rollouts = run(tokenizer, PartialCreditEnv, ["4", "2", "4"], max_turns=2)
+    rollouts[1].info["env"] = {"over": "won", "won": True, "moves": 2}
+    rollouts[0].info["env"]["won"] = False
+    trainer = SimpleNamespace(_metrics={"train": defaultdict(list)}, model=SimpleNamespace(training=True))
+    log_metrics(trainer, rollouts)
+    got = {k: v[-1] for k, v in trainer._metrics["train"].items() if k.startswith("env/info/")}
+    assert got == {"env/info/moves_mean": 2.0, "env/info/won_rate": 0.5}  # strings ("over") are not metrics
+
+
+class GlobalRandomEnv:
+    """Seeds Python's global random in reset, as TextArena does: not thread-safe."""
+
+    active = 0
+    most = 0
+
+    def __init__(self) -> None:
+        self.reward, self.alive, self.secret = 0.0, True, 0.0
+
+    def reset(self, seed):
+        import random
+        import time
+
+        GlobalRandomEnv.active += 1
+        GlobalRandomEnv.most = max(GlobalRandomEnv.most, GlobalRandomEnv.active)
+        random.seed(seed)
+        time.sleep(0.01)
+        self.secret = random.random()
+        GlobalRandomEnv.active -= 1
+        return self, "go"
+
+    def step(self, action):
+        self.alive = False
+        self.reward = self.secret
+        return self, ""
+
+
+def test_serialized_envs_run_one_call_at_a_time_and_keep_their_seeds(tokenizer):
+    import random
+
+    from trl_env.isolation import serialized
+
+    GlobalRandomEnv.most = 0
+    seeds = [str(i) for i in range(16)]
+    rollouts = run(tokenizer, serialized(GlobalRandomEnv), seeds, max_turns=1)
+    assert GlobalRandomEnv.most == 1
+    assert [r.reward for r in rollouts] == [random.Random(s).random() for s in seeds]
