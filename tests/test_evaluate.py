@@ -113,3 +113,21 @@ def test_eval_builds_the_processor_with_action_tags_or_from_the_tokenizer(tmp_pa
 def test_eval_with_a_missing_model_folder_names_it(tmp_path, capsys):
     assert main(["eval", "--env", GUESS, "--model", str(tmp_path / "tiny")]) == 2
     assert "no model" in capsys.readouterr().err
+
+
+def test_eval_runs_the_offline_tiny_model_by_name_from_any_folder(tmp_path, capsys, monkeypatch):
+    import os
+
+    guess = os.path.abspath(GUESS.split(":")[0]) + ":GuessNumberEnv"
+    monkeypatch.chdir(tmp_path)  # no "tiny" folder here: the name, not a path
+    status = main(["eval", "--env", guess, "--model", "tiny", "--n", "4", "--max-turns", "2",
+                   "--max-new-tokens", "4", "--parse-truncated-turns"])  # fmt: skip
+    assert status == 0 and "| episodes | 4 |" in capsys.readouterr().out
+
+
+def test_eval_runs_envs_in_worker_processes_with_the_executor_option(tmp_path, capsys):
+    model_dir = save_tiny_model(tmp_path / "tiny")
+    status, _ = run_eval(tmp_path, "--model", str(model_dir), "--executor", "process", n=4)
+    assert status == 0
+    printed = capsys.readouterr().out
+    assert "| episodes | 4 |" in printed and "| error_rate | 0 |" in printed

