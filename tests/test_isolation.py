@@ -96,3 +96,18 @@ def test_grpo_trains_with_envs_in_worker_processes_and_a_segfault_costs_one_row(
 def test_env_info_crosses_the_process_boundary(tokenizer):
     (rollout,) = run(tokenizer, isolated(InfoEnv), ["a"])
     assert rollout.info["env"] == {"phase": "over", "moves": 2, "won": True}
+
+
+def test_a_killed_worker_leaves_no_working_directory_behind(tokenizer):
+    import glob
+    import tempfile
+
+    def leftovers():
+        return {
+            p for prefix in ("trl_env_worker_", "trl_env_env_") for p in glob.glob(f"{tempfile.gettempdir()}/{prefix}*")
+        }
+
+    before = leftovers()
+    rollouts = run(tokenizer, isolated(CrashEnv, pool_size=0), ["write", "segv", "exit", "ok"])
+    assert [r.ending for r in rollouts] == [Ending.ENV_DONE, Ending.ERROR, Ending.ERROR, Ending.ENV_DONE]
+    assert leftovers() == before

@@ -124,3 +124,16 @@ def test_serialized_envs_run_one_call_at_a_time_and_keep_their_seeds(tokenizer):
     rollouts = run(tokenizer, serialized(GlobalRandomEnv), seeds, max_turns=1)
     assert GlobalRandomEnv.most == 1
     assert [r.reward for r in rollouts] == [random.Random(s).random() for s in seeds]
+
+
+def test_int_seed_is_stable_and_keeps_numbers():
+    import subprocess
+    import sys
+
+    from trl_env.env import int_seed
+
+    assert int_seed("7") == 7 and int_seed("game-3") == int_seed("game-3") != int_seed("game-4")
+    assert 0 <= int_seed("game-3", bits=16) < 2**16 and int_seed(str(2**40)) < 2**32
+    other = subprocess.run([sys.executable, "-c", "from trl_env.env import int_seed; print(int_seed('game-3'))"],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    assert int(other.stdout) == int_seed("game-3")  # the same in another process (hash() is salted per process)

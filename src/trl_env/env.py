@@ -6,6 +6,7 @@ An Env is anything with ``reward``, ``alive``, ``reset(seed)`` and ``step(action
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import numbers
@@ -86,6 +87,18 @@ class Truncatable(Protocol):
     def truncate(self, reason: str) -> None:
         """Settle the episode's final reward (and info): trl-env ended it for ``reason``."""
         ...
+
+
+def int_seed(seed: Seed, bits: int = 32) -> int:
+    """A stable integer for a text seed (SHA-256, the same in every process and run, unlike ``hash()``).
+
+    For libraries that take integer seeds (``random.Random``, numpy, TextArena, reasoning-gym): every copy of a
+    GRPO group gets the same seed string, so it gets the same game. A seed that is already a non-negative decimal
+    integer below ``2**bits`` maps to itself, so ``"7"`` plays game 7.
+    """
+    if seed.isdigit() and int(seed) < 2**bits:
+        return int(seed)
+    return int.from_bytes(hashlib.sha256(seed.encode("utf-8")).digest()[:8], "big") % 2**bits
 
 
 class Checked(NamedTuple):

@@ -23,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing
 import os
 import pickle
@@ -125,7 +126,10 @@ class _Pool:
     def __call__(self) -> ProcessEnv:
         with self._lock:
             worker = self._idle.pop() if self._idle else None
-        if worker is None or not worker.alive():
+        if worker is not None and not worker.alive():
+            worker.stop()  # died idle: clean its directories up
+            worker = None
+        if worker is None:
             worker = _Worker(self.env_factory, self.memory_mb)
         return ProcessEnv(worker, self)
 
@@ -143,11 +147,13 @@ class _Worker:
     def __init__(self, env_factory: Callable[[], Env], memory_mb: int | None) -> None:
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
+        self.root = tempfile.mkdtemp(prefix="trl_env_worker_")  # the episodes' working directories; removed by stop()
         self.process = context.Process(
-            target=_serve, args=(child, env_factory, memory_mb), name="trl-env-env-worker", daemon=True
+            target=_serve, args=(child, env_factory, memory_mb, self.root), name="trl-env-env-worker", daemon=True
         )
         self.process.start()
         child.close()
+        atexit.register(self.stop)  # an idle worker at exit: its last working directory goes too
 
     def alive(self) -> bool:
         return self.process.is_alive()
@@ -165,10 +171,12 @@ class _Worker:
         return payload
 
     def stop(self) -> None:
+        """Kill the process if it runs, and remove its working directories (a killed worker cannot)."""
         if self.process.is_alive():
             self.process.kill()
         self.process.join(timeout=5)
         self.conn.close()
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 def _death(code: int | None) -> str:
@@ -189,7 +197,12 @@ class ProcessEnv:
 
     def _call(self, *message: Any) -> Delta:
         with self._busy:
-            delta, self.reward, self.alive, info = self._worker.call(*message)
+            try:
+                delta, self.reward, self.alive, info = self._worker.call(*message)
+            except EnvError:
+                if not self._worker.alive():  # it crashed (a reset that dies is never closed): clean up now
+                    self._worker.stop()
+                raise
             if info is not None:
                 self.info = info
         return delta  # type: ignore[no-any-return]  # checked by the engine like any env's
@@ -224,7 +237,7 @@ class ProcessEnv:
         self._pool.give_back(self._worker)
 
 
-def _serve(conn: Connection, env_factory: Callable[[], Env], memory_mb: int | None) -> None:
+def _serve(conn: Connection, env_factory: Callable[[], Env], memory_mb: int | None, root: str) -> None:
     """The worker's loop: ``reset`` builds a fresh env in a fresh directory; ``close`` closes it and waits."""
     if memory_mb is not None:
         import resource
@@ -240,7 +253,7 @@ def _serve(conn: Connection, env_factory: Callable[[], Env], memory_mb: int | No
             return
         try:
             if command == "reset":
-                workdir = _fresh_workdir(workdir)
+                workdir = _fresh_workdir(workdir, root)
                 env = env_factory()
                 env, delta = env.reset(*args)
             elif command == "step":
@@ -260,10 +273,10 @@ def _serve(conn: Connection, env_factory: Callable[[], Env], memory_mb: int | No
             conn.send(("error", type(e).__name__, str(e), traceback.format_exc(limit=-8)))
 
 
-def _fresh_workdir(previous: str | None) -> str:
-    os.chdir(tempfile.gettempdir())
+def _fresh_workdir(previous: str | None, root: str) -> str:
+    os.chdir(root)
     if previous is not None:
         shutil.rmtree(previous, ignore_errors=True)
-    workdir = tempfile.mkdtemp(prefix="trl_env_env_")
+    workdir = tempfile.mkdtemp(prefix="trl_env_env_", dir=root)
     os.chdir(workdir)
     return workdir
