@@ -105,3 +105,14 @@ def test_grpo_trains_two_steps_on_a_textarena_game(tmp_path, model, tokenizer):
     logged = [h for h in trainer.state.log_history if "env/turns_mean" in h]
     assert len(logged) == 2 and all(h["env/ending_error_rate"] == 0.0 for h in logged)
     assert all(math.isfinite(h["loss"]) for h in trainer.state.log_history if "loss" in h)
+
+
+def test_textarena_example_training_script_smoke(tmp_path):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "experiment" / "examples"))
+    import textarena_guess
+
+    summary = textarena_guess.main(["--model", "tiny", "--steps", "2", "--out", str(tmp_path)])
+    assert math.isfinite(summary["wall_s"]) and (tmp_path / "transcripts_seed0.jsonl").is_file()
