@@ -134,6 +134,7 @@ def test_int_seed_is_stable_and_keeps_numbers():
 
     assert int_seed("7") == 7 and int_seed("game-3") == int_seed("game-3") != int_seed("game-4")
     assert 0 <= int_seed("game-3", bits=16) < 2**16 and int_seed(str(2**40)) < 2**32
+    assert int_seed("\u00b2") != int_seed("\u0661\u0662") != 12  # non-ASCII digits are text, not numbers
     other = subprocess.run([sys.executable, "-c", "from trl_env.env import int_seed; print(int_seed('game-3'))"],
                            capture_output=True, text=True, check=True)  # fmt: skip
     assert int(other.stdout) == int_seed("game-3")  # the same in another process (hash() is salted per process)

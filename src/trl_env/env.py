@@ -96,7 +96,7 @@ def int_seed(seed: Seed, bits: int = 32) -> int:
     GRPO group gets the same seed string, so it gets the same game. A seed that is already a non-negative decimal
     integer below ``2**bits`` maps to itself, so ``"7"`` plays game 7.
     """
-    if seed.isdigit() and int(seed) < 2**bits:
+    if seed.isascii() and seed.isdigit() and int(seed) < 2**bits:  # "²" and "١٢" are digits to isdigit()
         return int(seed)
     return int.from_bytes(hashlib.sha256(seed.encode("utf-8")).digest()[:8], "big") % 2**bits
 

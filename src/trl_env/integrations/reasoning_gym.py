@@ -7,12 +7,13 @@ dataset (``dataset.score_answer``). It is imported only when the first env is bu
 Thread safety (read in reasoning-gym 0.1.25's source, and tried): most generators draw an entry from its own
 ``random.Random(dataset_seed + index)``, which is safe on threads and reproducible. Three are not: ``pool_matrix``
 seeds and then draws numpy's *global* RNG (``np.random.seed``, ``np.random.randint``), so concurrent entries get
-each other's matrices (3 of 40 entries differed with 4 threads); ``bf`` compiles its programs through the
-module-level function and variable tables of its bundled bfit compiler; ``list_functions`` draws some numbers from
-the global ``random`` without seeding it (those entries differ from run to run even on one thread). So building a
-dataset and generating an entry hold one process-wide lock; that work is pure Python, serialised by the GIL anyway.
-Scoring runs outside the lock: every ``score_answer`` in 0.1.25 reads only its arguments and the dataset's config,
-and a slow scorer (sympy on a long expression) must not stall the other episodes.
+each other's matrices (3 to 12 of 40 entries differed in trials with 4 threads); ``bf`` compiles its programs
+through the module-level function and variable tables of its bundled bfit compiler; ``list_functions`` draws some
+numbers from the global ``random`` without seeding it, so those entries are not reproducible at all (19 of its first
+300 differed between two runs; within one process the entry cache still gives a GRPO group one problem). So
+building a dataset and generating an entry hold one process-wide lock; that work is pure Python, serialised by the
+GIL anyway. Scoring runs outside the lock: every ``score_answer`` in 0.1.25 reads only its arguments and the
+dataset's config, and a slow scorer (sympy on a long expression) must not stall the other episodes.
 
 Some scorers run the model's text as Python: ``eval`` (``binary_matrix``, ``spiral_matrix``, ``string_insertion``,
 ``n_queens``) or sympy's ``parse_expr``, which calls ``eval`` (``countdown``, ``puzzle24``,
@@ -26,14 +27,12 @@ import copy
 import dataclasses
 import difflib
 import functools
-import hashlib
 import json
-import re
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from trl_env.env import Action, Delta, Env, Seed
+from trl_env.env import Action, Delta, Env, Seed, int_seed
 from trl_env.errors import ConfigError
 
 _INSTALL_HINT = "pip install 'trl-env[reasoning-gym]'  (or: pip install reasoning-gym==0.1.25)"
@@ -46,16 +45,14 @@ _datasets: dict[str, Any] = {}  # dataset config (as JSON) -> dataset, built onc
 
 
 def seed_to_index(seed: Seed, size: int) -> int:
-    """The problem a seed selects: an index into the dataset's ``size`` problems, the same in every process.
+    """The problem a seed selects: ``int_seed(seed, bits=64) % size``, the same in every process and run.
 
     A decimal integer seed is the index itself, modulo ``size`` (``"7"`` is problem 7, so ``--seed-format '{i}'``
     gives distinct problems); any other text is hashed: the first 8 bytes of its SHA-256 as an unsigned big-endian
     integer, modulo ``size``. Python's ``hash()`` would differ between processes (``PYTHONHASHSEED``), and every
     copy of a GRPO group, on any rank, must see the same problem.
     """
-    if re.fullmatch(r"[0-9]+", seed.strip()):
-        return int(seed.strip()) % size
-    return int.from_bytes(hashlib.sha256(seed.encode("utf-8")).digest()[:8], "big") % size
+    return int_seed(seed, bits=64) % size
 
 
 class ReasoningGymEnv(Env):
