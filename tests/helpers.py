@@ -218,3 +218,27 @@ class ReplyGenerator:
             self.outputs.append(generation)
             out.append(resolved(generation))
         return out
+
+
+def train_grpo(tmp_path, model, tokenizer, rollout_func, prompts, *, batch=8, max_completion_length=256, steps=2):
+    """A real GRPOTrainer run on CPU (float32, ``steps`` optimizer steps, groups of 4); returns its log history.
+
+    Every loss it logs must be finite.
+    """
+    import math
+
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from trl_env import env_reward
+
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=batch, num_generations=4,
+                      max_completion_length=max_completion_length, max_steps=steps, logging_steps=1, report_to=[],
+                      save_strategy="no", use_cpu=True, bf16=False, seed=0)  # fmt: skip
+    trainer = GRPOTrainer(model=model, reward_funcs=env_reward, args=args, processing_class=tokenizer,
+                          train_dataset=Dataset.from_dict({"prompt": list(prompts)}),
+                          rollout_func=rollout_func)  # fmt: skip
+    trainer.train()
+    history = trainer.state.log_history
+    assert all(math.isfinite(h["loss"]) for h in history if "loss" in h)
+    return history

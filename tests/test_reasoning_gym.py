@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import subprocess
 import sys
@@ -211,25 +210,15 @@ def test_episodes_through_the_engine_end_when_solved_or_out_of_attempts(tokenize
 def test_grpo_trains_two_steps_on_a_reasoning_gym_dataset(tmp_path, model, tokenizer):
     import functools
 
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
-
-    from trl_env import env_reward, make_rollout_func
+    from tests.helpers import train_grpo
+    from trl_env import make_rollout_func
 
     env_factory = functools.partial(ReasoningGymEnv, "chain_sum", attempts=2)
     rollout_func = make_rollout_func(env_factory, ChatMLProcessor(), max_turns=3, max_new_tokens=8,
                                      parse_truncated_turns=True)  # fmt: skip
-    dataset = Dataset.from_dict({"prompt": ["0", "problem-x"]})  # each step: a group of 4 of each
-    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4,
-                      max_completion_length=256, max_steps=2, logging_steps=1, report_to=[], save_strategy="no",
-                      use_cpu=True, bf16=False, seed=0)  # fmt: skip
-    trainer = GRPOTrainer(model=model, reward_funcs=env_reward, args=args, train_dataset=dataset,
-                          processing_class=tokenizer, rollout_func=rollout_func)  # fmt: skip
-    trainer.train()
-    logged = [h for h in trainer.state.log_history if "env/info/solved_rate" in h]
+    history = train_grpo(tmp_path, model, tokenizer, rollout_func, ["0", "problem-x"])  # groups of 4 of each
+    logged = [h for h in history if "env/info/solved_rate" in h]
     assert len(logged) == 2
     assert all(h["env/info/solved_rate"] == 0.0 for h in logged)  # a random tiny model does not add numbers
     assert all(h["env/info/attempts_mean"] == 2.0 for h in logged)  # both answers used, then the env ended
     assert all(h["env/ending_env_done_rate"] == 1.0 for h in logged)
-    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    assert losses and all(math.isfinite(loss) for loss in losses)

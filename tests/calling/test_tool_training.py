@@ -44,10 +44,8 @@ def test_calculator_training_script_smoke(tmp_path):
 
 def test_grpo_trains_on_episodes_with_native_tool_calls(tmp_path, model, tokenizer):
     """Real GRPOTrainer steps; the sampler (scripted) calls the tools in Qwen's format, env results are masked."""
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
-
-    from trl_env import env_reward, make_rollout_func
+    from tests.helpers import train_grpo
+    from trl_env import make_rollout_func
 
     tok = copy.deepcopy(tokenizer)
     processor = processor_for(tok)  # gives the tiny tokenizer TRL's Qwen 2.5 template
@@ -61,16 +59,9 @@ def test_grpo_trains_on_episodes_with_native_tool_calls(tmp_path, model, tokeniz
 
     generator = ReplyGenerator(tok, reply)
     rollout_func = make_rollout_func(CalculatorEnv, processor, max_turns=3, max_new_tokens=64, generator=generator)
-    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4,
-                      max_completion_length=512, max_steps=2, logging_steps=1, report_to=[], save_strategy="no",
-                      use_cpu=True, bf16=False, seed=0)  # fmt: skip
-    trainer = GRPOTrainer(model=model, reward_funcs=env_reward, args=args, processing_class=tok,
-                          train_dataset=Dataset.from_dict({"prompt": ["calc-1", "calc-2"]}),
-                          rollout_func=rollout_func)  # fmt: skip
-    trainer.train()
-    logged = [h for h in trainer.state.log_history if "env/tool_calls_mean" in h]
+    history = train_grpo(tmp_path, model, tok, rollout_func, ["calc-1", "calc-2"], batch=4, max_completion_length=512)
+    logged = [h for h in history if "env/tool_calls_mean" in h]
     assert len(logged) == 2 and all(
         h["env/tool_calls_mean"] == 1.0 and h["env/tool_errors_rate"] == 0.0 for h in logged
     )
     assert all(abs(h["reward"] - 1.2) < 1e-6 for h in logged)  # logged in float32
-    assert all(math.isfinite(h["loss"]) for h in trainer.state.log_history if "loss" in h)
