@@ -236,8 +236,8 @@ class _Engine:
             ep.reward = result.reward
             if result.info is not None:
                 ep.info["env"] = result.info
-            if result.delta:
-                ep.info["close_error"] = result.delta
+            if result.close_error:
+                ep.info["close_error"] = result.close_error
         return False
 
     def _on_open(self, ep: Episode, opened: Opened) -> bool:
@@ -309,10 +309,11 @@ class _Engine:
 
     def _end(self, ep: Episode, ending: Ending, error: str = "") -> None:
         ep.finish(ending, error)
-        truncated = ending.value if ending in (Ending.MAX_TURNS, Ending.LENGTH) and ep.turns else None
-        if isinstance(ep.env, Closable) or (truncated is not None and isinstance(ep.env, Truncatable)):
-            if truncated is not None and isinstance(ep.env, Truncatable):
-                ep.info["truncated"] = truncated
-            self._submit(ep, "close", self.calls.close, ep.env, ep.index, truncated)  # bounded by env_timeout
+        cut = ending in (Ending.MAX_TURNS, Ending.LENGTH) and bool(ep.turns)
+        told = ending.value if cut and isinstance(ep.env, Truncatable) else None
+        if told is not None:
+            ep.info["truncated"] = told
+        if told is not None or isinstance(ep.env, Closable):
+            self._submit(ep, "close", self.calls.close, ep.env, ep.index, told)  # bounded by env_timeout
         if self.on_episode_end is not None:
             self.on_episode_end(ep.index)

@@ -10,6 +10,7 @@ user code is wrapped where it happens, so a failure is classified by its site, w
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from typing import Any, TypeVar
 from trl_env.backends.base import FinishReason, Generation
 from trl_env.calling.processor import ToolProcessor
 from trl_env.calling.types import ToolResults
-from trl_env.env import Checked, Closable, Env, Seed, Truncatable, check_result
+from trl_env.env import Closable, Env, Seed, Truncatable, check_result
 from trl_env.errors import ConfigError, EnvError, EnvTimeoutError, EpisodeFailure, ProcessorError
 from trl_env.processors.base import FamilyProcessor, Processor
 from trl_env.rollout.records import Budgets, Ending, Rollout, Turn
@@ -78,6 +79,16 @@ class Stepped:
     """(tool name, succeeded) for each tool result the env answered with."""
 
 
+@dataclass(frozen=True)
+class Settled:
+    """What a ``Truncatable`` env left after ``truncate``: the episode's final reward and info."""
+
+    reward: float
+    info: dict[str, Any] | None
+    close_error: str = ""
+    """The error of a ``close()`` that failed after ``truncate`` succeeded."""
+
+
 class EnvText:
     """Tokenises rendered env text so that text from the env can never become a special (added) token.
 
@@ -116,7 +127,7 @@ class EnvText:
         prefix, _, suffix = around.partition(_SENTINEL)
         for written in (delta, delta.strip()):
             if rendered == prefix + written + suffix:
-                return call("env_bad_return", self._join, prefix, written, suffix)
+                return self.segments([(prefix, False), (written, True), (suffix, False)])
         raise EpisodeFailure(
             "processor_error",
             ProcessorError(
@@ -132,18 +143,17 @@ class EnvText:
         """
         if self._added is None or not any(env and self._added.search(text) for text, env in pieces):
             return call("env_bad_return", self.encode, lead + "".join(text for text, _ in pieces))
+        return call("env_bad_return", self._encode_pieces, pieces, lead)
+
+    def _encode_pieces(self, pieces: list[tuple[str, bool]], lead: str) -> list[int]:
         ids, wrapper = [], lead
         for text, env in pieces:
             if env:
-                ids += self.encode(wrapper) if wrapper else []
-                ids += call("env_bad_return", self.plain, text)
+                ids += self.encode(wrapper) + self.plain(text)
                 wrapper = ""
             else:
                 wrapper += text
-        return ids + (self.encode(wrapper) if wrapper else [])
-
-    def _join(self, prefix: str, env_text: str, suffix: str) -> list[int]:
-        return self.encode(prefix) + self.plain(env_text) + self.encode(suffix)
+        return ids + self.encode(wrapper)
 
     def plain(self, text: str) -> list[int]:
         """Encode ``text`` with every added token's string broken into ordinary tokens."""
@@ -277,26 +287,28 @@ class Calls:
         )
 
     @staticmethod
-    def close(env: Env, index: int, truncated: str | None = None) -> Checked | None:
+    def close(env: Env, index: int, truncated: str | None = None) -> Settled | None:
         """Tell a ``Truncatable`` env that trl-env ended its episode (``truncated``: why), then call ``close()``.
 
-        Returns the env's reward and info after ``truncate`` (``None`` when not told); a ``close()`` that raises
-        after a successful ``truncate`` does not lose them (its error is recorded).
+        Returns the reward and info ``truncate`` left (``None`` when the env was not told). ``close()`` runs even
+        when ``truncate`` failed; a ``close()`` that fails after a good ``truncate`` keeps what it settled.
         """
         settled = None
         try:
             if truncated is not None and isinstance(env, Truncatable):
                 call("env_exception", env.truncate, truncated)
-                result = (env, "")
-                settled = call("env_bad_return", check_result, result, env, method="truncate", env_index=index, turn=-1)
+                checked = call(
+                    "env_bad_return", check_result, (env, ""), env, method="truncate", env_index=index, turn=-1
+                )
+                settled = Settled(checked.reward, checked.info)
         finally:
             if isinstance(env, Closable) and callable(env.close):
                 try:
                     env.close()
-                except BaseException as e:  # noqa: BLE001  # recorded with the settled reward kept
+                except BaseException as e:  # noqa: BLE001  # recorded; what truncate settled stands
                     if settled is None:
                         raise
-                    return settled._replace(delta=f"{type(e).__name__}: {e}")
+                    settled = dataclasses.replace(settled, close_error=f"{type(e).__name__}: {e}")
         return settled
 
 
