@@ -1,8 +1,8 @@
 """A fast local stand-in for vLLM's OpenAI-compatible server: answers ``/v1/completions`` with fixed ids.
 
 It speaks the subset ``VLLMServerGenerator`` uses (``GET /v1/models``, ``GET /health``,
-``POST /v1/completions`` with token-id prompts and ``return_token_ids``), answers every request with
-``max_tokens`` ids after ``--delay-ms`` (a stand-in for generation time; the delay does not grow with load),
+``POST /v1/completions`` with token-id prompts, one or a batch, and ``return_token_ids``), answers every prompt
+with ``max_tokens`` ids after ``--delay-ms`` (a stand-in for generation time; the delay does not grow with load),
 and runs in its own process so that its CPU time is not counted as the client's.
 
     python benchmarks/stub_server.py --port 8001 --delay-ms 50
@@ -58,12 +58,14 @@ class _Handler(BaseHTTPRequestHandler):
         if self.delay_s:
             time.sleep(self.delay_s)
         n = int(body.get("max_tokens", 16))
+        prompt = body.get("prompt") or [0]
+        prompts = len(prompt) if isinstance(prompt[0], list) else 1  # a batched request: one choice per prompt
         ids = [(7 + 13 * i) % 900 + 10 for i in range(n)]  # ordinary ids of the tiny vocab, never a stop id
         self._send(200, {
             "choices": [{
-                "index": 0, "text": "", "token_ids": ids, "finish_reason": "length",
+                "index": k, "text": "", "token_ids": ids, "finish_reason": "length",
                 "logprobs": {"token_logprobs": [-1.0] * n},
-            }],
+            } for k in range(prompts)],
         })  # fmt: skip
 
 

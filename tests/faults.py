@@ -106,6 +106,7 @@ class FaultProxy:
         self.rng, self.lock = random.Random(seed), threading.Lock()
         self.injected: Counter[str] = Counter()
         self.forwarded, self.dead = 0, False
+        self.largest_batch = 1  # most prompts in one completion request seen
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -121,6 +122,10 @@ class FaultProxy:
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 fault = proxy.pick() if self.path == "/v1/completions" else None
+                if self.path == "/v1/completions":
+                    prompt = json.loads(body)["prompt"]
+                    with proxy.lock:
+                        proxy.largest_batch = max(proxy.largest_batch, len(prompt) if isinstance(prompt[0], list) else 1)
                 if proxy.dead:  # gone: even kept-alive connections get no answer
                     fault = "dropped_connection"
                 if fault == "http_5xx":

@@ -120,22 +120,106 @@ def test_4xx_fails_at_once_with_the_servers_message():
     assert len(calls) == 1 and info.value.status_code == 400
 
 
+def batched(prompts_answers, finish="stop"):
+    """A batched answer: one choice per prompt, in order."""
+    return {
+        "choices": [
+            {"index": i, "token_ids": ids, "logprobs": {"token_logprobs": [-0.5] * len(ids)}, "finish_reason": finish}
+            for i, ids in enumerate(prompts_answers)
+        ]
+    }
+
+
+def echo(json):
+    """Answer each prompt of a (batched) body with its own last id + 100, so answers can be told apart."""
+    prompts = json["prompt"] if isinstance(json["prompt"][0], list) else [json["prompt"]]
+    return batched([[p[-1] + 100, 2] for p in prompts])
+
+
 def test_requests_go_to_the_least_loaded_server():
     gate, counts = threading.Event(), {}
 
     def post(url, json, timeout):
         base = url.rsplit("/v1", 1)[0]
-        counts[base] = counts.get(base, 0) + 1
+        counts[base] = counts.get(base, 0) + (len(json["prompt"]) if isinstance(json["prompt"][0], list) else 1)
         gate.wait(5)
-        return Response(payload=completion([2]))
+        return Response(payload=echo(json))
 
     urls = ["http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"]
     gen = make(post, urls=urls)
-    futures = gen.submit([request() for _ in range(9)])
+    futures = gen.submit([GenerationRequest([5, i], 8, (2,)) for i in range(9)])
+    futures += gen.submit([GenerationRequest([5, i], 8, (2,)) for i in range(9, 12)])
     time.sleep(0.2)
     gate.set()
-    assert all(f.result().token_ids == [2] for f in futures)
-    assert counts == dict.fromkeys(urls, 3)
+    assert [f.result().token_ids for f in futures] == [[100 + i, 2] for i in range(12)]
+    assert counts == dict.fromkeys(urls, 4)  # 3 prompts each, then one more each
+
+
+def test_turns_submitted_together_go_as_one_request_and_answers_reach_their_own_episode():
+    bodies = []
+
+    def post(url, json, timeout):
+        bodies.append(json)
+        return Response(payload=echo(json))
+
+    gen = make(post)
+    reqs = [GenerationRequest([5, 6, i], 8, (2,)) for i in range(5)] + [GenerationRequest([7, 50], 3, (2,))]
+    results = [f.result() for f in gen.submit(reqs)]
+    assert [g.token_ids for g in results] == [[100 + i, 2] for i in range(5)] + [[150, 2]]
+    assert len(bodies) == 2  # one per distinct (max_tokens, stop ids)
+    assert bodies[0]["prompt"] == [[5, 6, i] for i in range(5)] and bodies[0]["max_tokens"] == 8
+    assert bodies[1]["prompt"] == [7, 50] and bodies[1]["max_tokens"] == 3
+
+
+def test_max_batch_caps_the_prompts_of_one_request():
+    sizes = []
+
+    def post(url, json, timeout):
+        sizes.append(len(json["prompt"]) if isinstance(json["prompt"][0], list) else 1)
+        return Response(payload=echo(json))
+
+    gen = make(post, max_batch=4)
+    assert len([f.result() for f in gen.submit([GenerationRequest([5, i], 8, (2,)) for i in range(10)])]) == 10
+    assert sorted(sizes) == [2, 4, 4]
+
+
+def test_a_bad_choice_fails_only_its_own_turn():
+    def post(url, json, timeout):
+        payload = echo(json)
+        payload["choices"][1] = {"index": 1, "text": "no ids", "finish_reason": "stop"}
+        return Response(payload=payload)
+
+    futures = make(post).submit([GenerationRequest([5, i], 8, (2,)) for i in range(3)])
+    assert futures[0].result().token_ids == [100, 2] and futures[2].result().token_ids == [102, 2]
+    with pytest.raises(ServerError, match="without usable token_ids"):
+        futures[1].result()
+
+
+def test_a_batch_answer_with_the_wrong_number_of_choices_fails_its_turns_naming_the_url():
+    futures = make(lambda url, json, timeout: Response(payload=completion([2]))).submit(
+        [GenerationRequest([5, i], 8, (2,)) for i in range(3)]
+    )
+    for f in futures:
+        with pytest.raises(ServerError, match=r"127.0.0.1:1.*1 for 3 prompts"):
+            f.result()
+
+
+def test_a_batch_refused_with_a_4xx_is_retried_one_prompt_at_a_time_so_only_the_bad_prompt_fails():
+    bodies = []
+
+    def post(url, json, timeout):
+        bodies.append(json)
+        prompts = json["prompt"] if isinstance(json["prompt"][0], list) else [json["prompt"]]
+        if any(len(p) > 3 for p in prompts):
+            return Response(400, text="prompt too long for max_model_len")
+        return Response(payload=echo(json))
+
+    reqs = [GenerationRequest([5, i], 8, (2,)) for i in range(3)] + [GenerationRequest([5, 6, 7, 8], 8, (2,))]
+    futures = make(post).submit(reqs)
+    assert [f.result().token_ids for f in futures[:3]] == [[100, 2], [101, 2], [102, 2]]
+    with pytest.raises(ServerError, match="HTTP 400: prompt too long"):
+        futures[3].result()
+    assert len(bodies) == 1 + 4
 
 
 def test_no_server_fails_within_seconds_naming_the_url_and_the_fix():
@@ -162,6 +246,8 @@ def test_a_server_without_processed_logprobs_gets_one_warning_with_the_fix(caplo
 def test_bad_settings_fail_early():
     with pytest.raises(ConfigError, match="max_in_flight=0"):
         make(lambda *a, **k: None, max_in_flight=0)
+    with pytest.raises(ConfigError, match="max_batch=0"):
+        make(lambda *a, **k: None, max_batch=0)
 
 
 def test_the_client_ignores_proxy_settings_in_the_environment(monkeypatch):

@@ -56,12 +56,17 @@ def test_every_request_the_server_sees_is_the_trajectory_prefix(vllm_server, vll
     )
     assert gen.context_limit == 1024
     assert len(rollouts) == 40 and all(len(r.turns) >= 3 for r in rollouts), [r.error for r in rollouts]
-    requests_, outputs = [], []
+    requests_, outputs, batch_sizes = [], [], []
     for url, body, answer in recorder.calls:
-        assert answer["choices"][0]["prompt_token_ids"] == body["prompt"]  # what vLLM actually saw
-        requests_.append(GenerationRequest(body["prompt"], body["max_tokens"], tuple(body["stop_token_ids"])))
-        outputs.append(parse_completion(answer, url=url, max_tokens=body["max_tokens"]))
+        prompts = body["prompt"] if isinstance(body["prompt"][0], list) else [body["prompt"]]
+        batch_sizes.append(len(prompts))
+        assert len(answer["choices"]) == len(prompts)
+        for prompt, choice in zip(prompts, answer["choices"], strict=True):
+            assert choice["prompt_token_ids"] == prompt  # what vLLM actually saw, choice by choice
+            requests_.append(GenerationRequest(prompt, body["max_tokens"], tuple(body["stop_token_ids"])))
+            outputs.append(parse_completion({"choices": [choice]}, url=url, max_tokens=body["max_tokens"]))
     assert assert_token_exact(rollouts, requests_, outputs) >= 40 * 3
+    assert max(batch_sizes) > 1 and len(batch_sizes) < len(requests_)  # turns went to the server in batches
 
     model = AutoModelForCausalLM.from_pretrained(vllm_tiny_model, dtype=torch.float32).eval()
     for r in rollouts[:5]:

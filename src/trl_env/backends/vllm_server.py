@@ -1,14 +1,19 @@
-"""Generation against vLLM's OpenAI-compatible server (``vllm serve`` / ``trl vllm-serve``), one request per turn.
+"""Generation against vLLM's OpenAI-compatible server (``vllm serve`` / ``trl vllm-serve``).
 
-Each turn is a ``POST /v1/completions`` with the token ids as ``prompt`` and ``return_token_ids``;
-the returned ``token_ids`` and ``logprobs.token_logprobs`` are used verbatim. Requests run on a
-pool of ``max_in_flight`` threads over one pooled HTTP session, so episodes advance independently
-and the server batches them (continuous batching). Several base URLs are data-parallel servers:
-each request goes to the one with the fewest requests in flight.
+Turns are sampled with ``POST /v1/completions``, the token ids as ``prompt`` and ``return_token_ids``;
+the returned ``token_ids`` and ``logprobs.token_logprobs`` are used verbatim. The turns of one ``submit``
+call that share their sampling parameters (``max_tokens``, stop ids) go as ONE request whose ``prompt``
+is the list of their token-id prompts (vLLM answers one choice per prompt, in order): the engine hands
+over every turn that became ready together, so the per-request HTTP/JSON cost is paid once per batch,
+not once per episode. Requests run on a pool of ``max_in_flight`` threads over one pooled HTTP session,
+so batches are in flight independently and the server batches them further (continuous batching).
+Several base URLs are data-parallel servers: a batch is split between them, and each part goes to the
+server with the fewest prompts in flight.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -66,6 +71,7 @@ class VLLMServerGenerator(GeneratorBase):
         repetition_penalty: float = 1.0,
         generation_kwargs: dict[str, Any] | None = None,
         max_in_flight: int = 256,
+        max_batch: int = 256,
         timeout: float = 300.0,
         connect_timeout: float = 5.0,
         retries: int = 4,
@@ -87,6 +93,7 @@ class VLLMServerGenerator(GeneratorBase):
             generation_kwargs: more vLLM sampling fields for every request (``GRPOConfig.generation_kwargs``);
                 they override the ones above. Keys trl-env sets itself or vLLM does not sample with are refused.
             max_in_flight: most requests in flight at once (threads of the request pool).
+            max_batch: most prompts in one request; 1 sends every turn on its own.
             timeout: seconds one request may take (connect and read) before it is retried.
             connect_timeout: seconds to wait for a server to answer at start.
             retries: attempts after the first, on connection errors, timeouts and 5xx answers.
@@ -101,11 +108,12 @@ class VLLMServerGenerator(GeneratorBase):
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
         if not urls:
             raise ConfigError("base_url is empty; pass a URL such as 'http://127.0.0.1:8000'.")
-        if max_in_flight < 1 or retries < 0 or timeout <= 0:
+        if max_in_flight < 1 or max_batch < 1 or retries < 0 or timeout <= 0:
             raise ConfigError(
-                f"max_in_flight={max_in_flight}, retries={retries}, timeout={timeout}: need max_in_flight >= 1, "
-                "retries >= 0 and timeout > 0."
+                f"max_in_flight={max_in_flight}, max_batch={max_batch}, retries={retries}, timeout={timeout}: need "
+                "max_in_flight >= 1, max_batch >= 1, retries >= 0 and timeout > 0."
             )
+        self.max_batch = max_batch
         self.urls = [u.rstrip("/") for u in urls]
         self.sampling = vllm_sampling(
             "vLLM server",
@@ -150,40 +158,80 @@ class VLLMServerGenerator(GeneratorBase):
         return self._context_limit
 
     def submit(self, requests: Sequence[GenerationRequest]) -> list[Future[Generation]]:
-        """Send each request on its own; each future resolves when its answer arrives."""
-        return [self._pool.submit(self._complete, r) for r in requests]
+        """Send the requests as few batched requests; each future resolves when its batch's answer arrives."""
+        futures: list[Future[Generation]] = [Future() for _ in requests]
+        for batch in self._batches(requests):
+            members = [(requests[i], futures[i]) for i in batch]
+            task = self._pool.submit(self._complete, members)
+            task.add_done_callback(functools.partial(_settle_abandoned, members))
+        return futures
 
     def close(self) -> None:
         """Stop the request threads (pending requests are abandoned) and close the pooled connections."""
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._session.close()  # give the pooled sockets back now, not at garbage collection
 
-    # -- one request ----------------------------------------------------------------------------
+    # -- batched requests -------------------------------------------------------------------------
 
-    def _complete(self, request: GenerationRequest) -> Generation:
+    def _batches(self, requests: Sequence[GenerationRequest]) -> list[list[int]]:
+        """Indices of ``requests`` grouped by sampling parameters, in parts for one request each.
+
+        A group is cut into parts of at most ``max_batch`` prompts, and into one part per server at least
+        (so that data-parallel servers share it).
+        """
+        groups: dict[tuple[int, tuple[int, ...]], list[int]] = {}
+        for i, r in enumerate(requests):
+            groups.setdefault((r.max_tokens, r.stop_token_ids), []).append(i)
+        batches = []
+        for group in groups.values():
+            size = min(self.max_batch, -(-len(group) // len(self.urls)))
+            batches += [group[k : k + size] for k in range(0, len(group), size)]
+        return batches
+
+    def _complete(self, members: list[tuple[GenerationRequest, Future[Generation]]]) -> None:
+        """Sample one batch and settle each member's future: a bad choice fails only its own episode.
+
+        A batch the server refuses as a whole (a 4xx, e.g. one prompt longer than the context) is sent again
+        one prompt at a time, so that only the offending prompt fails.
+        """
+        first = members[0][0]
+        prompts = [r.prompt_ids for r, _ in members]
         body = {
             "model": self.model,
-            "prompt": request.prompt_ids,
-            "max_tokens": request.max_tokens,
-            "stop_token_ids": list(request.stop_token_ids),
+            "prompt": prompts if len(prompts) > 1 else prompts[0],
+            "max_tokens": first.max_tokens,
+            "stop_token_ids": list(first.stop_token_ids),
             "logprobs": 0,
             "return_token_ids": True,
             "skip_special_tokens": False,
             **self.sampling,
             **self.extra_body,
         }
-        url = self._acquire()
+        url = self._acquire(len(members))
         try:
             data = self._post_json(f"{url}/v1/completions", body)
+        except ServerError as e:
+            if len(members) > 1 and e.status_code is not None and e.status_code < 500:
+                for member in members:
+                    self._complete([member])
+                return
+            for _, future in members:
+                future.set_exception(e)
+            return
         finally:
             with self._lock:
-                self._in_flight[url] -= 1
-        return parse_completion(data, url=url, max_tokens=request.max_tokens)
+                self._in_flight[url] -= len(members)
+        results = parse_completions(data, url=url, requests=[r for r, _ in members])
+        for (_, future), result in zip(members, results, strict=True):
+            if isinstance(result, Generation):
+                future.set_result(result)
+            else:
+                future.set_exception(result)
 
-    def _acquire(self) -> str:
+    def _acquire(self, prompts: int) -> str:
         with self._lock:
-            url = min(self.urls, key=lambda u: self._in_flight[u])  # least loaded
-            self._in_flight[url] += 1
+            url = min(self.urls, key=lambda u: self._in_flight[u])  # least loaded, in prompts
+            self._in_flight[url] += prompts
         return url
 
     def _post_json(self, url: str, body: dict[str, Any]) -> Any:
@@ -286,6 +334,36 @@ class VLLMServerGenerator(GeneratorBase):
                 self.urls[0],
                 mode,
             )
+
+
+def _settle_abandoned(members: list[tuple[GenerationRequest, Future[Generation]]], task: Future[None]) -> None:
+    """Fail the members of a batch whose task was cancelled (``close``) or died before settling them."""
+    error = task.exception() if not task.cancelled() else None
+    for _, future in members:
+        if not future.done():
+            future.set_exception(ServerError(f"the request was abandoned ({error or 'generator closed'})"))
+
+
+def parse_completions(data: Any, *, url: str, requests: Sequence[GenerationRequest]) -> list[Generation | ServerError]:
+    """Read the answer to a batched request: one result per prompt, in order; a bad choice is that prompt's error."""
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(choices, list) or len(choices) != len(requests):
+        error = ServerError(
+            f"{url} returned a completion without usable choices: {len(choices) if isinstance(choices, list) else 0} "
+            f"for {len(requests)} prompts. Body: {str(data)[:300]}",
+            url=url,
+            body=str(data),
+        )
+        return [error] * len(requests)
+    if any(isinstance(c, dict) and "index" in c for c in choices):
+        choices = sorted(choices, key=lambda c: c.get("index", 0) if isinstance(c, dict) else 0)
+    results: list[Generation | ServerError] = []
+    for choice, request in zip(choices, requests, strict=True):
+        try:
+            results.append(parse_completion({"choices": [choice]}, url=url, max_tokens=request.max_tokens))
+        except ServerError as e:
+            results.append(e)
+    return results
 
 
 def parse_completion(data: Any, *, url: str, max_tokens: int) -> Generation:

@@ -14,6 +14,7 @@ from typing import Any, TypedDict
 
 from trl_env.backends.base import Generator
 from trl_env.errors import ConfigError
+from trl_env.rollout.engine import COALESCE_S, check_coalesce
 from trl_env.rollout.episode import check_env_timeout
 from trl_env.rollout.records import Budgets
 
@@ -62,9 +63,13 @@ class EngineOptions:
     process of its own (``trl_env.isolation.isolated``: a segfault, exit or hang ends only its episode)."""
     env_memory_mb: int | None = None
     """With ``env_executor="process"``: each worker's address-space limit in MiB."""
+    coalesce_s: float = COALESCE_S
+    """Most seconds a ready turn waits for the turns being prepared beside it, so that they go to a server as
+    one batched request (``batch_rollout``); 0 sends each turn as soon as it is ready."""
 
     def __post_init__(self) -> None:
         check_env_timeout(self.env_timeout)
+        check_coalesce(self.coalesce_s)
         if self.env_executor not in ("thread", "process"):
             raise ConfigError(f"env_executor={self.env_executor!r}: use 'thread' (default) or 'process'.")
         if not isinstance(self.env_workers, int) or self.env_workers < 1:
@@ -109,6 +114,7 @@ class FlatOptions(TypedDict, total=False):
     env_timeout: float | None
     env_executor: str
     env_memory_mb: int | None
+    coalesce_s: float
     generator: Generator | Callable[[Any], Generator] | None
     base_url: str | Sequence[str] | None
     lora_sync: str | os.PathLike[str] | None

@@ -32,7 +32,10 @@ from trl_env.rollout.episode import Calls, EnvText, Episode, Opened, Stepped, ch
 from trl_env.rollout.records import Budgets, Ending, Rollout, Turn
 from trl_env.rollout.workers import Workers, drain
 
-__all__ = ["Budgets", "Ending", "Rollout", "Turn", "batch_rollout"]
+__all__ = ["COALESCE_S", "Budgets", "Ending", "Rollout", "Turn", "batch_rollout"]
+
+COALESCE_S = 0.01
+"""``batch_rollout``'s default ``coalesce_s``: a ready turn waits at most 10 ms for the turns prepared beside it."""
 
 Call = Literal["open", "step", "close"]
 
@@ -53,13 +56,15 @@ def batch_rollout(
     strict: bool = False,
     env_workers: int = 16,
     env_timeout: float | None = 300.0,
+    coalesce_s: float = COALESCE_S,
     on_episode_end: Callable[[int], None] | None = None,
 ) -> list[Rollout]:
     """Run one episode per seed, each with a fresh env from ``env_factory()``, and return them in order.
 
     Episodes advance independently: a continuous generator gets each turn as soon as its episode
-    is ready, a wave generator gets every waiting episode at once. Env calls run on a pool of
-    ``env_workers`` threads, overlapping generation.
+    is ready (turns that get ready while other envs are still stepping are held up to ``coalesce_s``
+    and handed over together, as one batch), a wave generator gets every waiting episode at once.
+    Env calls run on a pool of ``env_workers`` threads, overlapping generation.
 
     Args:
         seeds: one per episode; each is passed to ``env.reset``. An exception in place of a seed (a
@@ -77,6 +82,10 @@ def batch_rollout(
         env_timeout: seconds one of those calls may run before it is abandoned: a hung ``reset`` or
             ``step`` ends its episode as an error (``env_timeout``), a hung ``close`` is recorded in
             ``info["close_error"]``; ``None`` waits forever.
+        coalesce_s: with a continuous generator, most seconds a ready turn waits for turns still being
+            prepared (env steps in flight) so that they reach the generator in one ``submit`` call, which
+            ``VLLMServerGenerator`` sends as one batched request; the turns go at once when no env call is
+            under way. 0 hands over every turn as soon as it is ready.
         on_episode_end: called with an episode's index as it ends (on the scheduler thread), e.g. for a
             progress bar.
 
@@ -84,7 +93,7 @@ def batch_rollout(
         One ``Rollout`` per seed, in the order of ``seeds``.
 
     Raises:
-        ConfigError: for a non-callable ``env_factory`` or bad budgets or stop strings.
+        ConfigError: for a non-callable ``env_factory``, a negative ``coalesce_s``, or bad budgets or stop strings.
         ProcessorError: for a processor missing a method.
         EnvError: only with ``strict=True``.
     """
@@ -95,13 +104,26 @@ def batch_rollout(
         )
     check_processor(processor)
     check_env_timeout(env_timeout)
+    check_coalesce(coalesce_s)
     budgets = budgets or Budgets()
     stops = stop_token_ids(processor, tokenizer)
     closer = str(tokenizer.decode([stops[0]], skip_special_tokens=False))
     calls = Calls(env_factory, processor, EnvText(tokenizer), budgets.max_turns, closer)
-    engine = _Engine(calls, generator, budgets, stops, parse_truncated_turns, strict, env_timeout, on_episode_end)
+    engine = _Engine(
+        calls, generator, budgets, stops, parse_truncated_turns, strict, env_timeout, coalesce_s, on_episode_end
+    )
     episodes = [Episode(i, "" if isinstance(s, BaseException) else str(s)) for i, s in enumerate(seeds)]
     return engine.run(episodes, list(seeds), env_workers)
+
+
+def check_coalesce(coalesce_s: float) -> None:
+    """Refuse a ``coalesce_s`` that is not a finite number of seconds >= 0.
+
+    Raises:
+        ConfigError: naming the value and the fix.
+    """
+    if not isinstance(coalesce_s, (int, float)) or not 0 <= coalesce_s < float("inf"):
+        raise ConfigError(f"coalesce_s={coalesce_s!r}: give seconds >= 0 (0 sends every turn as soon as it is ready).")
 
 
 @dataclass
@@ -115,6 +137,7 @@ class _Engine:
     parse_truncated_turns: bool
     strict: bool
     env_timeout: float | None
+    coalesce_s: float
     on_episode_end: Callable[[int], None] | None
 
     def run(self, episodes: list[Episode], seeds: list[Seed | BaseException], env_workers: int) -> list[Rollout]:
@@ -126,14 +149,15 @@ class _Engine:
         for ep, seed in zip(episodes, seeds, strict=True):
             self._submit(ep, "open", self.calls.open, ep.index, seed)
         ready: list[Episode] = []
+        ready_since = 0.0  # when the oldest of ``ready`` got ready
         try:
             while self.env_calls or generations or ready:
-                # A wave backend batches every running episode, so it waits for all of them.
-                if ready and (self.generator.continuous or not (self._episode_calls() or generations)):
+                hold = self._hold(ready_since, bool(generations)) if ready else float("inf")
+                if ready and hold <= 0.0:
                     generations.update(self._generate(ready))
                     ready = []
                     continue
-                for future in drain(self.done, timeout=self._poll()):
+                for future in drain(self.done, timeout=self._poll(hold)):
                     if future in generations:
                         ep = generations.pop(future)
                         if self._on_generation(ep, future):
@@ -141,6 +165,7 @@ class _Engine:
                     elif future in self.env_calls:  # else: an abandoned call that returned late
                         ep, kind = self._pop(future)
                         if self._on_env_call(ep, kind, future):
+                            ready_since = ready_since if ready else time.monotonic()
                             ready.append(ep)
                 for future in self._overdue():
                     self.workers.abandon(future)
@@ -164,6 +189,18 @@ class _Engine:
         """Whether an open or a step is under way (closes do not hold a wave back); O(1) per scheduler wake."""
         return len(self.env_calls) > self.closing
 
+    def _hold(self, ready_since: float, generating: bool) -> float:
+        """How much longer the ready turns wait for others (<= 0: send them now).
+
+        A wave backend batches every running episode, so it waits for all of them (``inf``). A continuous one
+        waits only while envs are still stepping, and at most ``coalesce_s`` after the first turn got ready.
+        """
+        if not self.generator.continuous:
+            return float("inf") if self._episode_calls() or generating else 0.0
+        if not self._episode_calls():
+            return 0.0
+        return ready_since + self.coalesce_s - time.monotonic()
+
     def _generate(self, ready: list[Episode]) -> dict[Future[Generation], Episode]:
         now = time.perf_counter()
         for ep in ready:
@@ -185,14 +222,18 @@ class _Engine:
             future.add_done_callback(self.done.put)
         return dict(zip(futures, ready, strict=True))
 
-    def _poll(self) -> float | None:
-        """How long the scheduler may sleep before an env call can be overdue."""
+    def _poll(self, hold: float) -> float | None:
+        """How long the scheduler may sleep: until held turns are due (``hold`` s) or an env call can be overdue."""
+        due = None if hold == float("inf") else max(0.0, hold)
         if self.env_timeout is None:
-            return None
+            return due
         started = self.workers.running().values()
-        if not started:
-            return min(0.1, self.env_timeout)
-        return max(0.0, min(started) + self.env_timeout - time.monotonic()) + 0.001
+        overdue = (
+            min(0.1, self.env_timeout)
+            if not started
+            else max(0.0, min(started) + self.env_timeout - time.monotonic()) + 0.001
+        )
+        return overdue if due is None else min(due, overdue)
 
     def _overdue(self) -> list[Future[Any]]:
         """Env calls running past ``env_timeout`` (only running calls are timed, at most ``env_workers``)."""
