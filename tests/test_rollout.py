@@ -392,3 +392,18 @@ def test_env_side_facts_in_info_reach_the_rollout_json_safe(tokenizer):
     assert rollouts[1].ending is Ending.ENV_DONE and rollouts[1].info["env"]["moves"] == 2
     assert rollouts[2].info["error_kind"] == "env_bad_return" and "info must be a dict" in rollouts[2].error
     json.dumps([r.info for r in rollouts])  # transcripts write info as JSON
+
+
+def test_each_turn_records_the_policy_that_sampled_it(tokenizer):
+    """``Generation.policy`` (the model or adapter a server request named) is kept on the turn it sampled."""
+
+    class Named(ScriptedGenerator):
+        def sample(self, request):
+            generation = super().sample(request)
+            return Generation(generation.token_ids, generation.logprobs, generation.finish_reason,
+                              policy=f"v{len(self.requests)}")  # fmt: skip
+
+    gen = Named(vocab_of(tokenizer), tokenizer.convert_tokens_to_ids(IM_END), continuous=True)
+    [r] = batch_rollout([seed_of(3, ["a"])], ScriptedEnv, ChatMLProcessor(), tokenizer, gen,
+                        budgets=Budgets(max_turns=3, max_new_tokens=4), parse_truncated_turns=True)  # fmt: skip
+    assert [t.policy for t in r.turns] == ["v0", "v1", "v2"]

@@ -269,3 +269,23 @@ def test_the_client_ignores_proxy_settings_in_the_environment(monkeypatch):
         finally:
             gen.close()
     assert len(generation.token_ids) == 4
+
+
+def test_each_generation_names_the_policy_its_request_named():
+    """The model (or LoRA adapter) named when the request was SENT is recorded, also when it changes after."""
+    gate, names = threading.Event(), []
+
+    def post(url, json, timeout):
+        names.append(json["model"])
+        if json["model"] == "tiny":
+            gate.wait(5)  # still in flight when the adapter changes
+        return Response(payload=echo(json))
+
+    gen = make(post)
+    old = gen.submit([GenerationRequest([5, 1], 8, (2,))])
+    time.sleep(0.1)
+    gen.model = "trl-env-step-3"  # what sync_lora does
+    new = gen.submit([GenerationRequest([5, 2], 8, (2,))])
+    assert new[0].result().policy == "trl-env-step-3"
+    gate.set()
+    assert old[0].result().policy == "tiny" and names == ["tiny", "trl-env-step-3"]

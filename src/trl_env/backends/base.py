@@ -47,6 +47,8 @@ class Generation:
     logprobs: list[float]
     """Processed logprob of each sampled id (after temperature, top-k/top-p), one per id."""
     finish_reason: FinishReason
+    policy: str | None = None
+    """Which weights sampled it, where the backend knows: the model or LoRA adapter the request named."""
 
 
 @runtime_checkable

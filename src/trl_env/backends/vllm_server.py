@@ -13,6 +13,7 @@ server with the fewest prompts in flight.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -194,10 +195,10 @@ class VLLMServerGenerator(GeneratorBase):
         A batch the server refuses as a whole (a 4xx, e.g. one prompt longer than the context) is sent again
         one prompt at a time, so that only the offending prompt fails.
         """
-        first = members[0][0]
+        first, model = members[0][0], self.model  # the policy this batch is sampled with, read once
         prompts = [r.prompt_ids for r, _ in members]
         body = {
-            "model": self.model,
+            "model": model,
             "prompt": prompts if len(prompts) > 1 else prompts[0],
             "max_tokens": first.max_tokens,
             "stop_token_ids": list(first.stop_token_ids),
@@ -221,7 +222,7 @@ class VLLMServerGenerator(GeneratorBase):
         finally:
             with self._lock:
                 self._in_flight[url] -= len(members)
-        results = parse_completions(data, url=url, requests=[r for r, _ in members])
+        results = parse_completions(data, url=url, requests=[r for r, _ in members], policy=model)
         for (_, future), result in zip(members, results, strict=True):
             if isinstance(result, Generation):
                 future.set_result(result)
@@ -344,8 +345,13 @@ def _settle_abandoned(members: list[tuple[GenerationRequest, Future[Generation]]
             future.set_exception(ServerError(f"the request was abandoned ({error or 'generator closed'})"))
 
 
-def parse_completions(data: Any, *, url: str, requests: Sequence[GenerationRequest]) -> list[Generation | ServerError]:
-    """Read the answer to a batched request: one result per prompt, in order; a bad choice is that prompt's error."""
+def parse_completions(
+    data: Any, *, url: str, requests: Sequence[GenerationRequest], policy: str | None = None
+) -> list[Generation | ServerError]:
+    """Read the answer to a batched request: one result per prompt, in order; a bad choice is that prompt's error.
+
+    ``policy``: the model name the request gave, recorded on each ``Generation``.
+    """
     choices = data.get("choices") if isinstance(data, dict) else None
     if not isinstance(choices, list) or len(choices) != len(requests):
         error = ServerError(
@@ -360,7 +366,8 @@ def parse_completions(data: Any, *, url: str, requests: Sequence[GenerationReque
     results: list[Generation | ServerError] = []
     for choice, request in zip(choices, requests, strict=True):
         try:
-            results.append(parse_completion({"choices": [choice]}, url=url, max_tokens=request.max_tokens))
+            generation = parse_completion({"choices": [choice]}, url=url, max_tokens=request.max_tokens)
+            results.append(dataclasses.replace(generation, policy=policy))
         except ServerError as e:
             results.append(e)
     return results

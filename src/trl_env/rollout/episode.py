@@ -379,6 +379,7 @@ class Episode:
                 env_s=stepped.env_s if stepped is not None else 0.0,
                 parse_status=stepped.parse_status if stepped is not None else None,
                 tool_calls=stepped.tool_calls if stepped is not None else (),
+                policy=self.sampled.policy,
             )
         )
         self.completion_ids += env_ids

@@ -75,6 +75,9 @@ class Turn:
     processors that report none."""
     tool_calls: tuple[tuple[str, bool], ...] = ()
     """(tool name, succeeded) for each tool result the env answered this turn with (``trl_env.calling``)."""
+    policy: str | None = None
+    """The weights that sampled this turn (``Generation.policy``: the served model or LoRA adapter the request
+    named), ``None`` where the backend does not say. Turns of one episode can differ across a weight sync."""
 
 
 @dataclass(frozen=True)
