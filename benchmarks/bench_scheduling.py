@@ -1,21 +1,26 @@
 """Scheduling vs the raw-generation limit, against a REAL vLLM server (CPU build, tiny model by default).
 
-The same multi-turn workload (N episodes x 4 turns x exactly 32 sampled tokens) runs four ways:
+The same multi-turn workload (N episodes x 4 turns x exactly 32 sampled tokens) runs these ways:
 
-* ``continuous``: trl-env's ``batch_rollout`` with ``VLLMServerGenerator`` (each episode's next turn
-  is sent as soon as its env has stepped);
+* ``continuous``: trl-env's ``batch_rollout`` with ``VLLMServerGenerator`` as shipped (each episode's next turn
+  goes as soon as its env has stepped; turns that get ready together, within ``coalesce_s``, go as one batched
+  request);
+* ``per-request``: the same with ``coalesce_s=0`` and ``max_batch=1``: one HTTP request per turn (trl-env before
+  coalescing);
 * ``lockstep``: the same engine and HTTP client behind a wrapper with ``continuous = False``: turn k of
-  every episode is sent together, all are awaited, then every env steps (on the same 16 env threads), as
-  TRL's ``environment_factory`` and trl-env 0.1.17 advance;
+  every episode is sent together, all are awaited, then every env steps (on the same 16 env threads);
+* ``TRL loop``: a loop shaped like TRL 1.16's env loop: per turn, ONE batched request carrying every live
+  episode's prompt through TRL's own ``VLLMClient.generate``, then the envs stepped serially, their text
+  tokenised and appended;
 * ``sequential``: one episode at a time (``batch_rollout`` on one seed, in a loop), as trl-env 0.1.20 did;
   it runs on a subset of the seeds and is extrapolated linearly to N (said so in the table);
-* ``raw limit``: the exact token-id requests recorded from a ``continuous`` run, replayed with plain
+* ``raw per-request``: the exact token-id requests recorded from a ``continuous`` run, replayed with plain
   ``requests`` threads, all N requests of turn k in flight at once, turn k+1 after all of turn k: no env,
   no library;
+* ``raw batched``: the same requests, turn k of every episode as ONE batched request, then turn k+1;
+* the **raw limit** is the faster of the two replays in each repetition (no variant re-runs it);
 * ``raw chains`` (a diagnostic): the same requests, replayed per episode with no barrier (each episode's next
-  request goes out when its previous one returns), no env, no library: ``continuous`` minus this is the
-  library's and the env's own cost; ``raw chains`` vs ``raw limit`` is what the server makes of staggered
-  rather than synchronised arrivals.
+  request goes out when its previous one returns), no env, no library.
 
 Every turn samples exactly ``--tokens`` tokens: ``extra_body={"ignore_eos": True, "stop_token_ids": []}``
 overrides the end-of-turn stop, so the work per variant is identical (``parse_truncated_turns=True`` lets a
@@ -46,7 +51,10 @@ import requests
 
 from trl_env import Budgets, ChatMLProcessor, Ending, GenerationRequest, VLLMServerGenerator, batch_rollout
 
-VARIANTS = ("continuous", "lockstep", "sequential", "raw limit", "raw chains")
+VARIANTS = ("continuous", "per-request", "lockstep", "TRL loop", "sequential", "raw per-request", "raw batched",
+            "raw chains")  # fmt: skip
+LIMIT = "raw limit"  # the faster replay of each repetition, computed, not run
+REPLAYS = ("raw per-request", "raw batched")
 ENVS = {"cheap": None, "50-150 ms": (50.0, 150.0)}
 
 
@@ -113,6 +121,22 @@ class RawReplay:
             tokens += sum(self.pool.map(self._one, level))
         return tokens
 
+    def _batch(self, level: list[GenerationRequest]) -> int:
+        groups: dict[int, list[GenerationRequest]] = defaultdict(list)
+        for req in level:
+            groups[req.max_tokens].append(req)
+        tokens = 0
+        for max_tokens, reqs in groups.items():
+            body = {"model": self.model, "prompt": [r.prompt_ids for r in reqs], "max_tokens": max_tokens, **self.body}
+            response = self.session.post(self.url, json=body, timeout=600)
+            response.raise_for_status()
+            tokens += sum(len(c["token_ids"]) for c in response.json()["choices"])
+        return tokens
+
+    def run_batched(self, chains_: list[list[GenerationRequest]]) -> int:
+        """Level by level, each level as one batched request (one per distinct ``max_tokens``)."""
+        return sum(self._batch(level) for level in levels(chains_))
+
     def run_chains(self, chains_: list[list[GenerationRequest]]) -> int:
         """No barrier: each episode's next request goes out as soon as its previous one returns."""
         return sum(self.pool.map(lambda chain: sum(self._one(r) for r in chain), chains_))
@@ -120,6 +144,49 @@ class RawReplay:
     def close(self) -> None:
         self.pool.shutdown()
         self.session.close()
+
+
+class TrlLoop:
+    """A loop shaped like TRL 1.16's env loop: per turn one batched ``VLLMClient.generate`` of every live episode,
+    then each env stepped in turn (serially), its text tokenised and appended to that episode's ids."""
+
+    def __init__(self, base_url: str, tokenizer, processor, sampling: dict, extra: dict) -> None:
+        import trl.generation.vllm_client as vllm_client
+
+        # The client's HTTP path needs no vLLM in this process (vLLM is imported only for NCCL weight sync).
+        vllm_client.is_vllm_available = lambda: True
+        self.client = vllm_client.VLLMClient(base_url=base_url)
+        self.tokenizer, self.processor = tokenizer, processor
+        self.sampling = {k: sampling[k] for k in ("temperature", "top_p", "min_p", "repetition_penalty")}
+        self.kwargs = {**extra, "skip_special_tokens": False}
+
+    def run(self, env_factory, seeds: list[str], max_turns: int, tokens: int) -> tuple[int, float]:
+        """Run every episode to its end; return (sampled tokens, seconds spent in env steps)."""
+        encode = self.tokenizer.encode
+        envs, ids = [], []
+        for seed in seeds:
+            env, delta = env_factory().reset(seed)
+            envs.append(env)
+            ids.append(encode(self.processor.init_system_input(delta), add_special_tokens=False))
+        live, sampled, env_s = list(range(len(seeds))), 0, 0.0
+        for _ in range(max_turns):
+            out = self.client.generate(prompts=[ids[i] for i in live], max_tokens=tokens, logprobs=0,
+                                       generation_kwargs=self.kwargs, **self.sampling)  # fmt: skip
+            still = []
+            for i, completion in zip(live, out["completion_ids"]):
+                sampled += len(completion)
+                _, action = self.processor.parse_agent_output(self.tokenizer.decode(completion))
+                t0 = time.perf_counter()
+                envs[i], delta = envs[i].step(action)
+                env_s += time.perf_counter() - t0
+                ids[i] = ids[i] + completion
+                if envs[i].alive:
+                    ids[i] += encode(self.processor.append_user_input(delta), add_special_tokens=False)
+                    still.append(i)
+            live = still
+            if not live:
+                break
+        return sampled, env_s
 
 
 def reset_prefix_cache(base_url: str) -> None:
@@ -154,7 +221,9 @@ def check(rollouts, n: int, turns: int, tokens: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = C.base_parser(__doc__.split("\n")[0])
-    parser.add_argument("--sizes", default=None, help="episode counts, comma-separated (default 64,128,256)")
+    parser.add_argument("--sizes", default=None, help="episode counts, comma-separated (default 64,256)")
+    parser.add_argument("--slow-sizes", default=None,
+                        help="episode counts for the 50-150 ms env (default 64: the TRL loop steps envs serially)")  # fmt: skip
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=32, help="sampled tokens per turn (exactly)")
     parser.add_argument("--seq-subset", type=int, default=None, help="episodes actually run one at a time")
@@ -166,10 +235,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:  # a smoke test: the smallest workload that still runs every code path
         args.turns, args.tokens = min(args.turns, 2), min(args.tokens, 8)
-    sizes = [int(x) for x in (args.sizes or ("4" if args.quick else "64,128,256")).split(",")]
+    sizes = [int(x) for x in (args.sizes or ("4" if args.quick else "64,256")).split(",")]
+    slow_sizes = [int(x) for x in (args.slow_sizes or ("4" if args.quick else "64")).split(",")]
     reps = args.reps or (1 if args.quick else 3)
     subset = args.seq_subset or (1 if args.quick else 16)
     envs = [e for e in ENVS if e in args.envs.split(",")]
+    env_sizes = {e: sizes if ENVS[e] is None else slow_sizes for e in envs}
     out = C.out_dir(args)
     rng = random.Random(args.seed)
     notes = C.machine_notes()
@@ -186,15 +257,17 @@ def main(argv: list[str] | None = None) -> int:
             processor = ChatMLProcessor()
             extra = {"ignore_eos": True, "stop_token_ids": []}  # every turn exactly --tokens long
             gen = VLLMServerGenerator(base_url, temperature=1.0, extra_body=extra)
+            per_request = VLLMServerGenerator(base_url, temperature=1.0, extra_body=extra, max_batch=1)
+            trl_loop = TrlLoop(base_url, tokenizer, processor, gen.sampling, extra)
             raw_body = {"logprobs": 0, "return_token_ids": True, "skip_special_tokens": False, **gen.sampling, **extra}
             budgets = Budgets(max_turns=args.turns, max_new_tokens=args.tokens, max_completion_tokens=4096)
-            raws = {n: RawReplay(base_url, gen.model, raw_body, n) for n in sizes}
+            raws = {n: RawReplay(base_url, gen.model, raw_body, n) for n in {*sizes, *slow_sizes}}
             recorded: dict[tuple[str, int], list[list[GenerationRequest]]] = {}
 
-            def rollout(env: str, seeds: list[str], generator) -> list:
+            def rollout(env: str, seeds: list[str], generator, **kwargs) -> list:
                 return batch_rollout(
                     seeds, C.EnvFactory(args.turns, ENVS[env]), processor, tokenizer, generator,
-                    budgets=budgets, parse_truncated_turns=True, env_workers=args.env_workers,
+                    budgets=budgets, parse_truncated_turns=True, env_workers=args.env_workers, **kwargs,
                 )  # fmt: skip
 
             def run(variant: str, env: str, n: int) -> dict:
@@ -212,15 +285,25 @@ def main(argv: list[str] | None = None) -> int:
                     outs = [rollout(env, [s], gen) for s in seeds]
                     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
                     tokens = sum(check(o, 1, args.turns, args.tokens) for o in outs)
-                elif variant in ("raw limit", "raw chains"):
-                    replay = raws[n].run if variant == "raw limit" else raws[n].run_chains
+                elif variant.startswith("raw"):
+                    replay = {"raw per-request": raws[n].run, "raw batched": raws[n].run_batched,
+                              "raw chains": raws[n].run_chains}[variant]  # fmt: skip
                     tokens = replay(recorded[(env, n)])
                     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
                     if tokens != n * args.turns * args.tokens:
                         raise RuntimeError(f"raw replay sampled {tokens} tokens")
+                elif variant == "TRL loop":
+                    tokens, env_s = trl_loop.run(C.EnvFactory(args.turns, ENVS[env]), seeds, args.turns, args.tokens)
+                    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+                    if tokens != n * args.turns * args.tokens:
+                        raise RuntimeError(f"the TRL loop sampled {tokens} tokens")
+                    return dict(wall=wall, tokens=tokens, cpu=cpu, env_s=env_s)
                 else:
-                    generator = Recorder(gen) if variant == "continuous" else Lockstep(gen)
-                    rollouts = rollout(env, seeds, generator)
+                    if variant == "per-request":
+                        rollouts = rollout(env, seeds, per_request, coalesce_s=0.0)
+                    else:
+                        generator = Recorder(gen) if variant == "continuous" else Lockstep(gen)
+                        rollouts = rollout(env, seeds, generator)
                     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
                     tokens = check(rollouts, n, args.turns, args.tokens)
                     if variant == "continuous":  # the next replay of (env, n) sends exactly these requests
@@ -232,11 +315,11 @@ def main(argv: list[str] | None = None) -> int:
             # Warm-up: every variant once at the smallest size, and a continuous run per size (the first recording).
             t_start = time.perf_counter()
             for env in envs:
-                for n in sizes:
+                for n in env_sizes[env]:
                     run("continuous", env, n)
                 if not args.quick:
-                    run("lockstep", env, sizes[0])
-                    run("raw limit", env, sizes[0])
+                    for variant in ("per-request", "lockstep", "TRL loop", *REPLAYS):
+                        run(variant, env, env_sizes[env][0])
                     run("sequential", env, 1)
             print(f"[warm-up] {time.perf_counter() - t_start:.0f} s", file=sys.stderr)
 
@@ -244,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
             # back to back, so that the ratios compare runs made under the same background load.
             results: dict[tuple[str, int, str], list[dict]] = defaultdict(list)
             for rep in range(reps):
-                blocks = [(env, n) for env in envs for n in sizes]
+                blocks = [(env, n) for env in envs for n in env_sizes[env]]
                 rng.shuffle(blocks)
                 for env, n in blocks:
                     variants = list(VARIANTS)
@@ -262,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"[rep {rep}] {env:>9} N={n:<4} {variant:<11} {r['wall']:7.2f} s", file=sys.stderr)
             total = time.perf_counter() - t_start
             gen.close()
+            per_request.close()
             for raw in raws.values():
                 raw.close()
     else:  # redraw the table and plot from a saved run
@@ -279,13 +363,20 @@ def main(argv: list[str] | None = None) -> int:
         for k, v in saved["args"].items():
             if k in kept:
                 setattr(args, k, v)
-        sizes = sorted({n for (_, n, _) in results})
         envs = [e for e in ENVS if any(k[0] == e for k in results)]
+        env_sizes = {e: sorted({n for (e2, n, _) in results if e2 == e}) for e in envs}
         reps = max(len(v) for v in results.values())
         args.replot = [str(Path(p)) for p in args.replot]
         subset = args.seq_subset or 16
 
     # ---- report
+    for env in envs:  # the raw limit: the faster replay of each repetition (saved runs before it have it as such)
+        for n in env_sizes[env]:
+            if (env, n, LIMIT) not in results:
+                pairs = zip(*(results[(env, n, v)] for v in REPLAYS), strict=True)
+                results[(env, n, LIMIT)] = [min(pair, key=lambda r: r["wall"]) for pair in pairs]
+    shown = [v for v in (*VARIANTS, LIMIT) if any(results.get((e, n, v)) for e in envs for n in env_sizes[e])]
+    others = [v for v in ("per-request", "lockstep", "TRL loop", "sequential") if v in shown]
     lines = [f"## bench_scheduling ({'quick' if args.quick else 'full'})", ""]
     lines.append(f"Machine: {notes}. Server: {server}. {reps} timed repetitions after a warm-up, interleaved in "
                  f"shuffled order; total {total:.0f} s. Workload: N episodes x {args.turns} turns x exactly "
@@ -297,9 +388,10 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"### env: {env}")
         lines.append("")
         rows = []
+        sizes = env_sizes[env]
         for n in sizes:
-            limit = [r["wall"] for r in results[(env, n, "raw limit")]]
-            for v in VARIANTS:
+            limit = [r["wall"] for r in results[(env, n, LIMIT)]]
+            for v in shown:
                 walls = [r["wall"] for r in results[(env, n, v)]]
                 toks = [r["tokens"] / r["wall"] for r in results[(env, n, v)]]
                 ratios = [w / lim for w, lim in zip(walls, limit)]
@@ -317,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
                     engine_steps=statistics.median(steps) if steps else None,
                 )
             cont = [r["wall"] for r in results[(env, n, "continuous")]]
-            for other in ("lockstep", "sequential"):
+            for other in others:
                 speedup = [o["wall"] / c for o, c in zip(results[(env, n, other)], cont)]
                 summary[f"{env}|{n}|speedup_vs_{other}"] = C.summary(speedup)
         lines.append(C.markdown_table(
@@ -335,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         speed_rows = [[n, C.fmt_range([o["wall"] / c["wall"] for o, c in zip(results[(env, n, other)],
                                                                               results[(env, n, "continuous")])])
                        + ("*" if other == "sequential" and subset < n else ""), other]
-                      for n in sizes for other in ("lockstep", "sequential")]  # fmt: skip
+                      for n in sizes for other in others]  # fmt: skip
         lines.append(C.markdown_table(["N", "continuous speed-up, median (min-max)", "over"], speed_rows))
         lines.append("")
     text = "\n".join(lines)
@@ -348,7 +440,8 @@ def main(argv: list[str] | None = None) -> int:
     plt = C.plt()
     fig, axes = plt.subplots(2, len(envs), figsize=(6 * len(envs), 8), squeeze=False)
     for ax, ax2, env in zip(axes[0], axes[1], envs):
-        for i, (v, marker) in enumerate(zip(VARIANTS, "osD^v")):
+        sizes = env_sizes[env]
+        for i, (v, marker) in enumerate(zip(shown, "osD^v<>ph")):
             color = f"C{i}"
             med = [statistics.median(r["wall"] for r in results[(env, n, v)]) for n in sizes]
             ax.plot(sizes, med, marker=marker, color=color,
@@ -356,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
             if v != "sequential":
                 ratio = [
                     statistics.median(
-                        r["wall"] / lim["wall"] for r, lim in zip(results[(env, n, v)], results[(env, n, "raw limit")])
+                        r["wall"] / lim["wall"] for r, lim in zip(results[(env, n, v)], results[(env, n, LIMIT)])
                     )
                     for n in sizes
                 ]
@@ -375,7 +468,8 @@ def main(argv: list[str] | None = None) -> int:
         ax2.set_ylabel("wall / raw limit (median of paired ratios)")
         ax2.set_title(f"env: {env}, ratio to the raw-generation limit")
         ax2.legend(fontsize=8)
-    fig.suptitle("trl-env scheduling vs lockstep, sequential and the raw-generation limit (vLLM CPU, tiny model)")
+    fig.suptitle("trl-env scheduling vs per-request, lockstep, TRL's loop, sequential and the raw-generation limit "
+                 "(vLLM CPU, tiny model)")  # fmt: skip
     fig.tight_layout()
     fig.savefig(out / "bench_scheduling.png", dpi=110)
     print(f"\nwrote {out / 'bench_scheduling.png'}, {out / 'bench_scheduling.json'}", file=sys.stderr)
