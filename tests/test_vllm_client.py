@@ -63,7 +63,9 @@ def test_request_body_carries_ids_budget_stops_and_sampling_and_answers_are_used
     url, body = seen[0]
     assert url == "http://127.0.0.1:1/v1/completions"
     assert body["prompt"] == [5, 6, 7] and body["max_tokens"] == 8 and body["stop_token_ids"] == [2]
-    assert body["model"] == "tiny" and body["return_token_ids"] is True and body["logprobs"] == 0
+    assert body["model"] == "tiny" and body["logprobs"] == 0
+    # The ids come back as logprob tokens ("token_id:N"), so vLLM does not echo every prompt's ids (O(context)).
+    assert body["return_tokens_as_token_ids"] is True and "return_token_ids" not in body
     assert body["temperature"] == 0.7 and body["top_k"] == -1 and body["seed"] == 3
 
 
@@ -289,3 +291,18 @@ def test_each_generation_names_the_policy_its_request_named():
     assert new[0].result().policy == "trl-env-step-3"
     gate.set()
     assert old[0].result().policy == "tiny" and names == ["tiny", "trl-env-step-3"]
+
+
+def test_sampled_ids_are_read_from_the_token_id_logprob_tokens_when_the_server_sends_no_token_ids():
+    choice = {"index": 0, "finish_reason": "length",
+              "logprobs": {"token_logprobs": [-0.1, -0.2], "tokens": ["token_id:17", "token_id:0"]}}  # fmt: skip
+    gen = make(lambda url, json, timeout: Response(payload={"choices": [choice]}))
+    g = gen.submit([request(2)])[0].result()
+    assert (g.token_ids, g.logprobs, g.finish_reason) == ([17, 0], [-0.1, -0.2], FinishReason.LENGTH)
+
+
+def test_logprob_tokens_that_are_not_token_ids_are_a_server_error_naming_the_setting():
+    choice = {"index": 0, "finish_reason": "stop", "logprobs": {"token_logprobs": [-0.1], "tokens": ["hello"]}}
+    gen = make(lambda url, json, timeout: Response(payload={"choices": [choice]}))
+    with pytest.raises(ServerError, match="return_tokens_as_token_ids"):
+        gen.submit([request(2)])[0].result()

@@ -24,6 +24,8 @@ class Recorder:
         self.calls: list[tuple[str, dict, dict]] = []
 
     def __call__(self, url, json, timeout):
+        if url.endswith("/v1/completions"):  # also ask for the echo of the prompts (what vLLM saw) and the ids
+            json = {**json, "return_token_ids": True}
         response = requests.post(url, json=json, timeout=timeout)
         if url.endswith("/v1/completions") and response.status_code == 200:
             self.calls.append((url, json, response.json()))
@@ -63,6 +65,7 @@ def test_every_request_the_server_sees_is_the_trajectory_prefix(vllm_server, vll
         assert len(answer["choices"]) == len(prompts)
         for prompt, choice in zip(prompts, answer["choices"], strict=True):
             assert choice["prompt_token_ids"] == prompt  # what vLLM actually saw, choice by choice
+            assert [int(t.removeprefix("token_id:")) for t in choice["logprobs"]["tokens"]] == choice["token_ids"]
             requests_.append(GenerationRequest(prompt, body["max_tokens"], tuple(body["stop_token_ids"])))
             outputs.append(parse_completion({"choices": [choice]}, url=url, max_tokens=body["max_tokens"]))
     assert assert_token_exact(rollouts, requests_, outputs) >= 40 * 3

@@ -170,6 +170,7 @@ VLLM_MANAGED_KEYS = frozenset(
         "logprobs",
         "prompt_logprobs",
         "return_token_ids",
+        "return_tokens_as_token_ids",
         "skip_special_tokens",
         "stream",
         "echo",

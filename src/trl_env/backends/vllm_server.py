@@ -1,14 +1,15 @@
 """Generation against vLLM's OpenAI-compatible server (``vllm serve`` / ``trl vllm-serve``).
 
-Turns are sampled with ``POST /v1/completions``, the token ids as ``prompt`` and ``return_token_ids``;
-the returned ``token_ids`` and ``logprobs.token_logprobs`` are used verbatim. The turns of one ``submit``
-call that share their sampling parameters (``max_tokens``, stop ids) go as ONE request whose ``prompt``
-is the list of their token-id prompts (vLLM answers one choice per prompt, in order): the engine hands
-over every turn that became ready together, so the per-request HTTP/JSON cost is paid once per batch,
-not once per episode. Requests run on a pool of ``max_in_flight`` threads over one pooled HTTP session,
-so batches are in flight independently and the server batches them further (continuous batching).
-Several base URLs are data-parallel servers: a batch is split between them, and each part goes to the
-server with the fewest prompts in flight.
+Turns are sampled with ``POST /v1/completions``, the token ids as ``prompt``; the sampled ids come back as
+``logprobs.tokens`` (``"token_id:<id>"``, with ``return_tokens_as_token_ids``; ``return_token_ids`` would also
+echo every prompt's ids, O(context) per turn) and are used verbatim with ``logprobs.token_logprobs``.
+The turns of one ``submit`` call that share their sampling parameters (``max_tokens``, stop ids) go as
+ONE request whose ``prompt`` is the list of their token-id prompts (vLLM answers one choice per prompt, in
+order): the engine hands over every turn that became ready together, so the per-request HTTP/JSON cost is
+paid once per batch, not once per episode. Requests run on a pool of ``max_in_flight`` threads over one
+pooled HTTP session, so batches are in flight independently and the server batches them further
+(continuous batching). Several base URLs are data-parallel servers: a batch is split between them, and
+each part goes to the server with the fewest prompts in flight.
 """
 
 from __future__ import annotations
@@ -203,7 +204,7 @@ class VLLMServerGenerator(GeneratorBase):
             "max_tokens": first.max_tokens,
             "stop_token_ids": list(first.stop_token_ids),
             "logprobs": 0,
-            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,  # the ids, without `return_token_ids`' echo of every prompt's ids
             "skip_special_tokens": False,
             **self.sampling,
             **self.extra_body,
@@ -373,17 +374,32 @@ def parse_completions(
     return results
 
 
+_TOKEN_ID = "token_id:"
+
+
+def _token_id(token: str) -> int:
+    """The id in a ``"token_id:<id>"`` logprob token."""
+    if not token.startswith(_TOKEN_ID):
+        raise ValueError(f"logprob token {token[:40]!r} is not 'token_id:<id>'")
+    return int(token[len(_TOKEN_ID) :])
+
+
 def parse_completion(data: Any, *, url: str, max_tokens: int) -> Generation:
     """Read one ``/v1/completions`` answer; anything missing or inconsistent is a ``ServerError``, not data."""
     try:
         choice = data["choices"][0]
-        token_ids = [int(t) for t in choice["token_ids"]]
-        logprobs = [math.nan if x is None else float(x) for x in choice["logprobs"]["token_logprobs"]]
+        logprobs_ = choice["logprobs"]
+        if logprobs_.get("tokens") is not None:  # return_tokens_as_token_ids: each token is "token_id:<id>"
+            token_ids = [_token_id(t) for t in logprobs_["tokens"]]
+        else:  # a server that sends only `token_ids` (vLLM does with return_token_ids)
+            token_ids = [int(t) for t in choice["token_ids"]]
+        logprobs = [math.nan if x is None else float(x) for x in logprobs_["token_logprobs"]]
         finish = FinishReason(choice["finish_reason"])
-    except (KeyError, IndexError, TypeError, ValueError) as e:
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
         raise ServerError(
-            f"{url} returned a completion without usable token_ids / logprobs.token_logprobs / finish_reason "
-            f"({type(e).__name__}: {e}); trl_env needs vLLM with `return_token_ids` (>= 0.10). Body: {str(data)[:300]}",
+            f"{url} returned a completion without usable token_ids / logprobs.tokens / logprobs.token_logprobs / "
+            f"finish_reason ({type(e).__name__}: {e}); trl_env needs vLLM >= 0.10, which answers "
+            f"`return_tokens_as_token_ids` with 'token_id:<id>' tokens. Body: {str(data)[:300]}",
             url=url,
             body=str(data),
         ) from e
