@@ -112,7 +112,7 @@ class RawReplay:
         body = {"model": self.model, "prompt": req.prompt_ids, "max_tokens": req.max_tokens, **self.body}
         response = self.session.post(self.url, json=body, timeout=600)
         response.raise_for_status()
-        return len(response.json()["choices"][0]["token_ids"])
+        return len(response.json()["choices"][0]["logprobs"]["token_logprobs"])
 
     def run(self, chains_: list[list[GenerationRequest]]) -> int:
         """Level by level: turn k of every episode at once, then turn k+1 (the raw-generation limit)."""
@@ -130,7 +130,7 @@ class RawReplay:
             body = {"model": self.model, "prompt": [r.prompt_ids for r in reqs], "max_tokens": max_tokens, **self.body}
             response = self.session.post(self.url, json=body, timeout=600)
             response.raise_for_status()
-            tokens += sum(len(c["token_ids"]) for c in response.json()["choices"])
+            tokens += sum(len(c["logprobs"]["token_logprobs"]) for c in response.json()["choices"])
         return tokens
 
     def run_batched(self, chains_: list[list[GenerationRequest]]) -> int:
@@ -259,7 +259,13 @@ def main(argv: list[str] | None = None) -> int:
             gen = VLLMServerGenerator(base_url, temperature=1.0, extra_body=extra)
             per_request = VLLMServerGenerator(base_url, temperature=1.0, extra_body=extra, max_batch=1)
             trl_loop = TrlLoop(base_url, tokenizer, processor, gen.sampling, extra)
-            raw_body = {"logprobs": 0, "return_token_ids": True, "skip_special_tokens": False, **gen.sampling, **extra}
+            raw_body = {
+                "logprobs": 0,
+                "return_tokens_as_token_ids": True,
+                "skip_special_tokens": False,
+                **gen.sampling,
+                **extra,
+            }
             budgets = Budgets(max_turns=args.turns, max_new_tokens=args.tokens, max_completion_tokens=4096)
             raws = {n: RawReplay(base_url, gen.model, raw_body, n) for n in {*sizes, *slow_sizes}}
             recorded: dict[tuple[str, int], list[list[GenerationRequest]]] = {}

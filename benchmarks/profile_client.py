@@ -5,11 +5,12 @@ against the local stand-in server (``stub_server.py``: instant answers, its own 
 (``--base-url``), profiling the scheduler thread, the env worker threads and the HTTP request threads
 (``threading.Thread.run`` is wrapped before any of them starts), then groups the time by area: trl_env's
 own code, the tokenizer, the HTTP stack (requests/urllib3/http.client/socket), JSON, thread hand-offs
-(locks, queues, futures), other. Also times the same requests replayed with plain ``requests`` threads,
-for the floor of the HTTP client alone. ``--context`` pads each episode's first prompt to that many tokens
-(to show what grows with context on the HTTP side).
+(locks, queues, futures), other. Also times the same requests replayed with plain ``requests`` (one request per
+turn, and one batched request per turn level), for the floor of the HTTP client alone. ``--context`` pads each episode's first prompt to that many tokens
+(to show what grows with context on the HTTP side). The first two rows compare trl-env as shipped (ready turns
+coalesced into batched requests) with one request per turn (trl-env before coalescing).
 
-    python benchmarks/profile_client.py                  # stand-in server, N=128, ~1 min
+    python benchmarks/profile_client.py                  # stand-in server, N=64, ~1 min
     python benchmarks/profile_client.py --context 8192   # long prompts
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
+import statistics
 import sys
 import threading
 import time
@@ -102,7 +104,7 @@ class AllThreads:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--base-url", default=None, help="a real server; default: the local stand-in")
-    parser.add_argument("--episodes", type=int, default=128)
+    parser.add_argument("--episodes", type=int, default=64)
     parser.add_argument("--context", type=int, default=0, help="pad each first prompt to about this many tokens")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--reps", type=int, default=5)
@@ -113,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     from trl_env import Budgets, ChatMLProcessor, VLLMServerGenerator, batch_rollout
+    from trl_env.rollout.engine import COALESCE_S
 
     tokenizer = AutoTokenizer.from_pretrained(C.tiny_model_dir())
     pad = ""
@@ -132,28 +135,32 @@ def main(argv: list[str] | None = None) -> int:
     budgets = Budgets(max_turns=4, max_new_tokens=32, max_completion_tokens=4096)
     seeds = [str(i) for i in range(args.episodes)]
 
-    def library(url: str, seeds_: list[str], trust_env: bool, rec=None):
-        gen = VLLMServerGenerator(url, temperature=1.0, extra_body=extra)
-        gen._post.__self__.trust_env = trust_env  # the library sets False; True is requests' default (before)
+    def library(url: str, seeds_: list[str], batched: bool = True, rec=None):
+        gen = VLLMServerGenerator(url, temperature=1.0, extra_body=extra, max_batch=256 if batched else 1)
         g = rec(gen) if rec else gen
         out = batch_rollout(seeds_, PaddedFactory(4), ChatMLProcessor(), tokenizer, g, budgets=budgets,
-                            parse_truncated_turns=True)  # fmt: skip
+                            parse_truncated_turns=True, coalesce_s=COALESCE_S if batched else 0.0)  # fmt: skip
         gen.close()
         return out, g, gen
 
     def go(url: str) -> None:
-        rollouts, rec, gen = library(url, seeds, False, Recorder)  # warm-up, and the requests to replay
+        rollouts, rec, gen = library(url, seeds, True, Recorder)  # warm-up, and the requests to replay
         turns = sum(len(r.turns) for r in rollouts)
         chain = chains(rec.requests, rollouts)
-        body = {"logprobs": 0, "return_token_ids": True, "skip_special_tokens": False, **gen.sampling, **extra}
-        raws = {t: RawReplay(url, gen.model, body, args.episodes, trust_env=t) for t in (True, False)}
-        for raw in raws.values():
-            raw.run(chain)  # warm-up
+        body = {
+            "logprobs": 0,
+            "return_tokens_as_token_ids": True,
+            "skip_special_tokens": False,
+            **gen.sampling,
+            **extra,
+        }
+        raw = RawReplay(url, gen.model, body, args.episodes, trust_env=False)
+        raw.run(chain)  # warm-up
         configs = {
-            "trl-env (VLLMServerGenerator as is: trust_env = False)": lambda: library(url, seeds, False),
-            "trl-env with requests' default trust_env = True (before)": lambda: library(url, seeds, True),
-            "plain requests replay": lambda: raws[True].run(chain),
-            "plain requests replay, trust_env = False": lambda: raws[False].run(chain),
+            "trl-env as is (ready turns coalesced, one batched request each)": lambda: library(url, seeds, True),
+            "trl-env one request per turn (coalesce_s=0, max_batch=1: before)": lambda: library(url, seeds, False),
+            "plain requests replay, one request per turn": lambda: raw.run(chain),
+            "plain requests replay, one batched request per turn level": lambda: raw.run_batched(chain),
         }
         measured: dict[str, list[tuple[float, float]]] = defaultdict(list)
         order = list(configs)
@@ -162,8 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                 cpu0, t0 = time.process_time(), time.perf_counter()
                 configs[name]()
                 measured[name].append((time.process_time() - cpu0, time.perf_counter() - t0))
-        for raw in raws.values():
-            raw.close()
+        raw.close()
 
         where = f"real server {url}" if args.base_url else "stand-in server (instant answers, its own process)"
         print(f"## profile_client: {args.episodes} episodes x 4 turns x 32 tokens, first prompt ~"
@@ -174,8 +180,11 @@ def main(argv: list[str] | None = None) -> int:
                 for name, m in measured.items()]  # fmt: skip
         print(C.markdown_table(["client", "CPU us per turn", "wall s"], rows))
 
+        first, second = (statistics.median(c for c, _ in measured[k]) for k in list(configs)[:2])
+        print(f"\nClient CPU per turn, trl-env as is / one request per turn (before): **{first / second:.2f}**")
+
         with AllThreads() as prof:
-            library(url, seeds, False)
+            library(url, seeds, True)
         stats = prof.stats()
         by_area: dict[str, float] = defaultdict(float)
         for func, (_cc, _nc, tottime, _ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]

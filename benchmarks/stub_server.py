@@ -1,9 +1,10 @@
 """A fast local stand-in for vLLM's OpenAI-compatible server: answers ``/v1/completions`` with fixed ids.
 
 It speaks the subset ``VLLMServerGenerator`` uses (``GET /v1/models``, ``GET /health``,
-``POST /v1/completions`` with token-id prompts, one or a batch, and ``return_token_ids``), answers every prompt
-with ``max_tokens`` ids after ``--delay-ms`` (a stand-in for generation time; the delay does not grow with load),
-and runs in its own process so that its CPU time is not counted as the client's.
+``POST /v1/completions`` with token-id prompts, one or a batch), answers every prompt with ``max_tokens`` ids
+after ``--delay-ms`` (a stand-in for generation time; the delay does not grow with load) in vLLM's shape: with
+``return_token_ids`` it echoes each prompt's ids as vLLM does, and ``logprobs`` carries tokens, top logprobs and
+offsets. It runs in its own process so that its CPU time is not counted as the client's.
 
     python benchmarks/stub_server.py --port 8001 --delay-ms 50
 """
@@ -59,13 +60,21 @@ class _Handler(BaseHTTPRequestHandler):
             time.sleep(self.delay_s)
         n = int(body.get("max_tokens", 16))
         prompt = body.get("prompt") or [0]
-        prompts = len(prompt) if isinstance(prompt[0], list) else 1  # a batched request: one choice per prompt
+        batch = prompt if isinstance(prompt[0], list) else [prompt]
         ids = [(7 + 13 * i) % 900 + 10 for i in range(n)]  # ordinary ids of the tiny vocab, never a stop id
+        echo = bool(body.get("return_token_ids"))  # vLLM then echoes each prompt's ids, and gives the sampled ids
+        as_ids = bool(body.get("return_tokens_as_token_ids"))
         self._send(200, {
             "choices": [{
-                "index": k, "text": "", "token_ids": ids, "finish_reason": "length",
-                "logprobs": {"token_logprobs": [-1.0] * n},
-            } for k in range(prompts)],
+                "index": k, "text": "", "finish_reason": "length",
+                **({"token_ids": ids, "prompt_token_ids": p} if echo else {}),
+                "logprobs": {
+                    "token_logprobs": [-1.0] * n,
+                    "tokens": [f"token_id:{i}" if as_ids else "x" for i in ids],
+                    "top_logprobs": [{f"token_id:{i}" if as_ids else "x": -1.0} for i in ids],
+                    "text_offset": list(range(n)),
+                },
+            } for k, p in enumerate(batch)],
         })  # fmt: skip
 
 
