@@ -125,7 +125,9 @@ class FaultProxy:
                 if self.path == "/v1/completions":
                     prompt = json.loads(body)["prompt"]
                     with proxy.lock:
-                        proxy.largest_batch = max(proxy.largest_batch, len(prompt) if isinstance(prompt[0], list) else 1)
+                        proxy.largest_batch = max(
+                            proxy.largest_batch, len(prompt) if isinstance(prompt[0], list) else 1
+                        )
                 if proxy.dead:  # gone: even kept-alive connections get no answer
                     fault = "dropped_connection"
                 if fault == "http_5xx":
