@@ -3,7 +3,8 @@
 Timing targets live in the benchmarks (benchmarks/README.md), never here: these only check that the scripts
 work. bench_scheduling runs against the session's real vLLM server fixture (skipped without .venv-vllm unless
 TRL_ENV_REQUIRE_VLLM=1); bench_scale's --quick mode uses its local stand-in server and bench_turn_cost needs
-no server, so both run everywhere.
+no server, so both run everywhere. bench_async starts its own vLLM server with LoRA enabled (it needs the
+trainer's adapter sync), so it needs .venv-vllm too.
 """
 
 from __future__ import annotations
@@ -48,3 +49,9 @@ def test_bench_scheduling_quick_against_vllm(vllm_server, tmp_path):
     text = run_quick("bench_scheduling.py", tmp_path, "--base-url", vllm_server.base_url)
     for variant in ("continuous", "lockstep", "sequential", "raw limit"):
         assert f"| {variant} |" in text
+
+
+def test_bench_async_quick_sync_against_async_trainer(vllm_server, tmp_path):
+    """Sync GRPOTrainer + rollout_func against AsyncGRPOTrainer + the trl-env worker (own LoRA server)."""
+    text = run_quick("bench_async.py", tmp_path, timeout=420)
+    assert "sync" in text and "async" in text, text

@@ -1,0 +1,839 @@
+"""trl-env as the rollout worker of TRL's ``AsyncGRPOTrainer`` (``trl.experimental.async_grpo``, TRL 1.16).
+
+``AsyncGRPOTrainer(rollout_worker=TrlEnvRolloutWorker(...))`` trains while trl-env keeps generating: episodes
+run continuously against a vLLM server, each finished group of ``num_generations`` episodes becomes
+``RolloutSample`` rows on ``rollout_buffer``, and the trainer pulls them as it needs them. The trainer syncs
+its weights to the server after each optimizer step (with a PEFT model and a server started with
+``--enable-lora``: as a LoRA adapter named ``trl-policy-v{N}``, over HTTP) and tells the worker with
+``update_model_version(N)``; from then on every NEW turn names that adapter, while turns already sent finish
+on the adapter they named. A sample can therefore mix policies across its turns; each token's old logprob
+comes from the policy that sampled it, which is what the per-token importance ratio needs.
+
+The protocol (``RolloutWorkerProtocol``, TRL's ``async_grpo_trainer.py``): ``rollout_buffer`` and
+``metrics_queue`` (``queue.Queue``), ``start()``, ``stop()``, ``update_model_version(v)`` and
+``check_health(stale_after_s)``. Everything here runs in the trainer's process, on threads: no pickling,
+so env factories may be closures. CPU-heavy env code belongs in worker processes
+(``env_executor="process"``).
+
+The rows:
+
+* ``input_ids`` = ``prompt_ids + completion_ids`` (the exact ids the sampler saw and produced: one episode
+  is always one row, with no re-tokenisation), ``completion_mask`` = 0 over the prompt then trl-env's
+  ``env_mask`` (1 = sampled by the model), ``old_log_probs`` = 0 over the prompt then the sampler's
+  processed logprobs (0 at env tokens); numpy int64 / int64 / float32.
+* ``advantage``: TRL async's formula, per group over its *scored* episodes: ``(r - mean) / (std + 1e-8)``
+  with the population std (``scale_rewards="none"``: ``r - mean``). A failed episode (``Ending.ERROR``) is
+  left out of the statistics and never pushed; it is counted (``rollout/failed_frac``). An episode that did
+  not fail but has no reward (the model never acted) is "unscored": like TRL, it gets advantage 0 and is
+  pushed (``unscored="zero"``), or it is dropped (``unscored="drop"``).
+* ``model_version``: the OLDEST policy version among the episode's turns, read from ``Turn.policy``
+  (``<lora_name>-v<N>``); without LoRA names, the version that was live when the group's first turn was
+  submitted. That makes the trainer's ``staleness = version - model_version <= max_staleness`` check
+  conservative.
+* never pushed: a row with no trained token (the trainer crashes on a rank whose row has no loss term), a
+  row with a NaN or infinite logprob at a trained position (the loss would be NaN), an episode trl-env
+  reports as a placeholder.
+
+Staleness: the trainer drops any sample older than ``max_staleness`` versions when it reads it; the worker
+drops such samples itself before pushing them, and evicts them from a full buffer, since the trainer would
+drop them anyway (``rollout/dropped_stale_total``). The buffer is bounded (``buffer_size``): a group
+thread that finds it full waits (``rollout/backpressure_s``), which is what keeps the worker from running
+ahead of the trainer.
+
+``patch_for_cpu()`` applies the two monkeypatches TRL 1.16's ``AsyncGRPOTrainer`` needs to run on CPU
+at all; see its docstring and ``docs/async.md``.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import itertools
+import logging
+import math
+import os
+import queue
+import re
+import threading
+import time
+import traceback
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
+
+import numpy as np
+from typing_extensions import Unpack
+
+from trl_env.backends.base import Generation, GenerationRequest, Generator, GeneratorBase, Sampling, as_generator
+from trl_env.backends.vllm_server import VLLMServerGenerator
+from trl_env.env import Env
+from trl_env.errors import ConfigError, ServerError
+from trl_env.integrations.grpo import _seed_or_error, _with_system_prompt
+from trl_env.integrations.metrics import log_metrics
+from trl_env.integrations.options import (
+    BackendOptions,
+    EngineOptions,
+    FlatOptions,
+    Limits,
+    LoggingOptions,
+    RolloutOptions,
+)
+from trl_env.isolation import isolated
+from trl_env.processors.base import Processor, check_processor
+from trl_env.rollout import Ending, Rollout, batch_rollout
+from trl_env.rollout.transcripts import write_transcripts
+
+if TYPE_CHECKING:
+    from multiprocessing.queues import Queue as MPQueue
+
+    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+
+logger = logging.getLogger(__name__)
+
+LORA_NAME = "trl-policy"
+"""The adapter name prefix ``AsyncGRPOTrainer`` publishes (``trainer._lora_name``): ``trl-policy-v{N}``."""
+
+ADVANTAGE_EPS = 1e-8
+"""TRL async's epsilon in ``(r - mean) / (std + eps)`` (``_score_group``)."""
+
+ScaleRewards = Literal["group", "none"]
+Unscored = Literal["zero", "drop"]
+
+
+class WorkerOptions(TypedDict, total=False):
+    """The flat keywords of ``make_rollout_func`` that the worker takes: limits, engine and transcripts."""
+
+    max_turns: int
+    max_new_tokens: int | None
+    max_completion_tokens: int | None
+    max_context: int | None
+    parse_truncated_turns: bool
+    strict: bool
+    env_workers: int
+    env_timeout: float | None
+    env_executor: str
+    env_memory_mb: int | None
+    coalesce_s: float
+    transcripts: str | os.PathLike[str] | None
+    transcripts_every: int
+
+
+def group_advantages(rewards: Sequence[float | None], scale_rewards: ScaleRewards = "group") -> list[float | None]:
+    """TRL async GRPO's advantages for one group: ``None`` (unscored) members are out of the statistics.
+
+    ``(r - mean) / (std + 1e-8)`` over the scored members, with numpy's population std (ddof=0), as TRL's
+    ``AsyncRolloutWorker._score_group``; ``scale_rewards="none"`` gives ``r - mean``. Unscored members stay
+    ``None``. A non-finite reward counts as unscored.
+    """
+    finite = [r if r is not None and math.isfinite(r) else None for r in rewards]
+    scored = np.asarray([r for r in finite if r is not None], dtype=np.float64)
+    if scored.size == 0:
+        return [None] * len(finite)
+    mean, std = float(scored.mean()), float(scored.std())
+    scale = std + ADVANTAGE_EPS if scale_rewards == "group" else 1.0
+    return [None if r is None else (r - mean) / scale for r in finite]
+
+
+@dataclass(frozen=True)
+class GroupRecord:
+    """What one group did, kept in ``TrlEnvRolloutWorker.groups`` (the most recent 10,000)."""
+
+    group_id: int
+    seed: str
+    started: float
+    """``time.time()`` when the group was dispatched."""
+    ended: float
+    """``time.time()`` when its last episode ended (before its samples were pushed)."""
+    versions: tuple[tuple[int, int] | None, ...]
+    """Per episode: (oldest, newest) policy version among its turns; ``None`` for an episode without a turn."""
+    endings: tuple[str, ...]
+    pushed: int
+    dropped_stale: int
+    complete: bool
+    """False for a group cut short by ``stop()`` (its rollouts end in ``server_error``; nothing was pushed)."""
+
+
+class TrlEnvRolloutWorker:
+    """A ``RolloutWorkerProtocol`` for ``AsyncGRPOTrainer``: trl-env episodes, continuously, as ``RolloutSample``s.
+
+    ``max_inflight_groups`` threads each loop: take the next seed, run ``batch_rollout`` on
+    ``num_generations`` fresh envs with that seed (one GRPO group) through the one shared generator,
+    score the group and push its rows. So up to ``max_inflight_groups × num_generations`` episodes are in
+    flight at once, and a group is pushed as soon as its own episodes end.
+
+    Args:
+        env_factory: builds a fresh env; called once per episode.
+        processor: chat formatting for the model family (e.g. ``ChatMLProcessor()``).
+        tokenizer: the model's tokenizer.
+        generator: a ``VLLMServerGenerator`` (or any trl-env ``Generator``), or the server's URL(s); a URL
+            gets a ``VLLMServerGenerator`` with ``sampling`` (match ``AsyncGRPOConfig.temperature``: the
+            trainer applies it to its logprobs).
+        seeds: the env seeds, cycled in order: the training dataset's prompts (strings, numbers or message
+            lists, read as ``make_rollout_func`` reads them); a bad row fails its episodes (``prompt_error``).
+        num_generations: episodes per group (all on the same seed).
+        max_staleness: ``AsyncGRPOConfig.max_staleness``; older samples are dropped before the trainer sees them.
+        max_completion_length: the default of ``Limits.max_completion_tokens`` (``AsyncGRPOConfig``'s field).
+        max_inflight_groups: groups generated at once (threads).
+        buffer_size: most samples waiting in ``rollout_buffer``; default: ``max_inflight_groups ×
+            num_generations``. About one optimizer step of samples keeps the trainer fed with fresh samples.
+        lora_name: the adapter prefix the trainer publishes (``"trl-policy"``): every new turn names
+            ``{lora_name}-v{version}``. ``None`` when the trainer syncs full weights (NCCL or a custom
+            ``weight_transfer``): requests then keep the generator's model name.
+        scale_rewards: ``"group"`` (TRL async: divide by the group's std + 1e-8) or ``"none"``.
+        unscored: an episode that did not fail but has no reward: ``"zero"`` (TRL async: advantage 0,
+            pushed) or ``"drop"``.
+        mask_truncated: like TRL's ``mask_truncated_completions``: an episode trl-env reports as truncated
+            (``max_turns``, ``length``) keeps its reward in the group statistics but is not pushed.
+        system_prompt: replaces the processor's ``system_prompt`` field.
+        limits: ``Limits`` (as ``make_rollout_func``).
+        engine: ``EngineOptions`` (as ``make_rollout_func``); ``env_workers`` is per group, capped at
+            ``num_generations``.
+        logging: ``LoggingOptions``: ``transcripts`` (JSONL, ``step`` = the version at dispatch),
+            ``transcripts_every`` (every N-th group). ``check_template_every`` is not supported here.
+        sampling: the sampling settings of a generator built from a URL (default: temperature 1).
+        stop_timeout: seconds ``stop()`` waits for the group threads.
+        on_group: called on the group's thread with its ``GroupRecord`` and ``Rollout``s after its rows were
+            pushed (and for a group cut short by ``stop()``), e.g. for custom logging; an exception in it stops
+            the worker like any other.
+        **options: the ``limits``, ``engine`` and ``logging`` options by their flat names.
+
+    Raises:
+        ConfigError: for bad arguments, at once.
+    """
+
+    def __init__(
+        self,
+        env_factory: Callable[[], Env],
+        processor: Processor,
+        tokenizer: Any,
+        generator: Generator | str | Sequence[str],
+        seeds: Sequence[Any],
+        *,
+        num_generations: int = 8,
+        max_staleness: int = 4,
+        max_completion_length: int = 256,
+        max_inflight_groups: int = 4,
+        buffer_size: int | None = None,
+        lora_name: str | None = LORA_NAME,
+        scale_rewards: ScaleRewards = "group",
+        unscored: Unscored = "zero",
+        mask_truncated: bool = False,
+        system_prompt: str | None = None,
+        limits: Limits | None = None,
+        engine: EngineOptions | None = None,
+        logging: LoggingOptions | None = None,
+        sampling: Sampling | None = None,
+        stop_timeout: float = 30.0,
+        on_group: Callable[[GroupRecord, list[Rollout]], None] | None = None,
+        **options: Unpack[WorkerOptions],
+    ) -> None:
+        if not callable(env_factory):
+            raise ConfigError(
+                f"env_factory={env_factory!r} is not callable; pass the env class or a function that returns a "
+                "fresh env, e.g. `env_factory=MyEnv`, not `MyEnv()`."
+            )
+        check_processor(processor)
+        for name, value, low in (("num_generations", num_generations, 1), ("max_staleness", max_staleness, 0),
+                                 ("max_completion_length", max_completion_length, 1),
+                                 ("max_inflight_groups", max_inflight_groups, 1)):  # fmt: skip
+            if not isinstance(value, int) or value < low:
+                raise ConfigError(f"{name}={value!r}: it must be an int >= {low}.")
+        if buffer_size is not None and (not isinstance(buffer_size, int) or buffer_size < 1):
+            raise ConfigError(f"buffer_size={buffer_size!r}: it must be a positive int (or None for the default).")
+        if scale_rewards not in ("group", "none"):
+            raise ConfigError(f"scale_rewards={scale_rewards!r}: use 'group' (TRL async's formula) or 'none'.")
+        if unscored not in ("zero", "drop"):
+            raise ConfigError(f"unscored={unscored!r}: use 'zero' (advantage 0, pushed, as TRL) or 'drop'.")
+        if not seeds:
+            raise ConfigError("seeds is empty; pass the training dataset's prompts, e.g. `dataset['prompt']`.")
+        groups = {"limits": limits, "engine": engine, "logging": logging}
+        built = RolloutOptions.build(groups, cast(FlatOptions, options))
+        if built.backend != BackendOptions():
+            raise ConfigError(
+                "generator / base_url / lora_sync are make_rollout_func options; give the worker `generator=` (a "
+                "VLLMServerGenerator or the server URL); the trainer itself syncs the LoRA adapter."
+            )
+        if built.logging.check_template_every:
+            raise ConfigError("check_template_every is not supported by the async worker; use make_rollout_func.")
+        if system_prompt is not None:
+            processor = _with_system_prompt(processor, system_prompt)
+        if built.engine.env_executor == "process":
+            engine_options = built.engine
+            env_factory = isolated(
+                env_factory, pool_size=engine_options.env_workers, memory_mb=engine_options.env_memory_mb
+            )
+        self._owns_generator = isinstance(generator, str) or (
+            isinstance(generator, Sequence) and all(isinstance(u, str) for u in generator)
+        )
+        if self._owns_generator:
+            kwargs = (sampling or Sampling()).as_kwargs()
+            self.generator: Generator = VLLMServerGenerator(generator, **kwargs)  # type: ignore[arg-type]
+        else:
+            self.generator = as_generator(generator)
+        self._named: Any = self.generator if self._owns_generator else generator
+        """The object whose ``model`` field names the policy of each request (not a minimal generator's wrapper)."""
+        self.env_factory, self.processor, self.tokenizer = env_factory, processor, tokenizer
+        _rollout_sample()  # import TRL's async module now, not on the first group's thread
+        self.seeds = [_seed_or_error(p) for p in seeds]
+        self.num_generations, self.max_staleness = num_generations, max_staleness
+        self.max_inflight_groups, self.lora_name = max_inflight_groups, lora_name
+        self.scale_rewards, self.unscored, self.mask_truncated = scale_rewards, unscored, mask_truncated
+        self.options, self.stop_timeout, self.on_group = built, stop_timeout, on_group
+        self.budgets = built.limits.budgets(max_completion_length, self.generator.context_limit)
+        self._policy_re = re.compile(rf"^{re.escape(lora_name)}-v(\d+)$") if lora_name else None
+
+        self.buffer_size = buffer_size or max_inflight_groups * num_generations
+        self._buffer = _RolloutBuffer(maxsize=self.buffer_size)
+        self.rollout_buffer: queue.Queue[Any] | MPQueue[Any] = self._buffer
+        """What the trainer reads: ``RolloutSample``s, a group's rows one after the other."""
+        self.metrics_queue: queue.Queue[Any] | MPQueue[Any] = queue.Queue(maxsize=4096)
+        """Metric dicts for the trainer's ``log()``: ``{key: float}`` or ``{key: (num, den)}`` (a rate)."""
+        self.groups: collections.deque[GroupRecord] = collections.deque(maxlen=10_000)
+        """The most recent groups, oldest first (for tests, benchmarks and debugging)."""
+        self.counts: dict[str, int] = defaultdict(int)
+        """Running totals: groups, episodes, pushed, failed, unscored, dropped_stale, untrainable, truncated_masked."""
+
+        self.model_version = 0
+        """The policy version now live (``update_model_version``); the trainer's first sync makes it 1."""
+        self._lock = threading.Lock()
+        self._push_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._failed = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._error: BaseException | None = None
+        self._error_tb = ""
+        self._heartbeat = time.monotonic()
+        self._pending: set[Future[Generation]] = set()
+        self._seed_index = itertools.count()
+        self._transcripts_lock = threading.Lock()
+        self._started = False
+
+    @classmethod
+    def from_args(
+        cls,
+        args: Any,
+        env_factory: Callable[[], Env],
+        processor: Processor,
+        tokenizer: Any,
+        seeds: Sequence[Any],
+        **kwargs: Any,
+    ) -> TrlEnvRolloutWorker:
+        """A worker configured from an ``AsyncGRPOConfig`` (``kwargs`` override any of these).
+
+        Read from ``args``: the server URL and sampling settings, ``num_generations``, ``max_staleness``,
+        ``max_completion_length``, and one optimizer step of samples as ``buffer_size``
+        (``per_device_train_batch_size × gradient_accumulation_steps``).
+        """
+        defaults: dict[str, Any] = dict(
+            generator=args.vllm_server_base_url,
+            sampling=Sampling.from_args(args),
+            num_generations=args.num_generations,
+            max_staleness=args.max_staleness,
+            max_completion_length=args.max_completion_length,
+            buffer_size=args.per_device_train_batch_size * args.gradient_accumulation_steps,
+        )
+        defaults.update(kwargs)
+        return cls(env_factory, processor, tokenizer, seeds=seeds, **defaults)
+
+    # -- RolloutWorkerProtocol ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the group threads (the trainer calls this once, after its first weight sync).
+
+        Raises:
+            ConfigError: in LoRA mode, when the server does not serve ``{lora_name}-v{model_version}`` (the
+                trainer did not sync an adapter: no ``peft_config``, or a server without ``--enable-lora``).
+            RuntimeError: when called twice.
+        """
+        if self._started:
+            raise RuntimeError("TrlEnvRolloutWorker.start() was called twice; build a new worker per training run.")
+        self._check_adapter_served()
+        self._started = True
+        self._heartbeat = time.monotonic()
+        for i in range(self.max_inflight_groups):
+            thread = threading.Thread(target=self._run, name=f"trl-env-async-group-{i}", daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def stop(self) -> None:
+        """Stop: fail the generations in flight, join the threads (``stop_timeout``), close an owned generator.
+
+        Groups still running end at once (their generations fail as ``server_error``) and are not pushed; an
+        env call under way is waited for only up to ``stop_timeout`` (the threads are daemons).
+        """
+        self._stopping.set()
+        with self._buffer.not_full:  # wake the threads waiting for room
+            self._buffer.not_full.notify_all()
+        with self._lock:
+            pending, self._pending = list(self._pending), set()
+        for future in pending:
+            _settle(future, error=ServerError("the rollout worker stopped"))
+        deadline = time.monotonic() + self.stop_timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        alive = [t.name for t in self._threads if t.is_alive()]
+        if alive:
+            logger.warning("TrlEnvRolloutWorker.stop: %s still running after %.0f s (left as daemons, e.g. a hung env "
+                           "call)", ", ".join(alive), self.stop_timeout)  # fmt: skip
+        if self._owns_generator and isinstance(self.generator, VLLMServerGenerator):
+            self.generator.close()
+
+    def update_model_version(self, model_version: int) -> None:
+        """The trainer synced version ``model_version``: new turns name ``{lora_name}-v{model_version}``."""
+        if self.lora_name is not None and hasattr(self._named, "model"):
+            # The name before the version: a reader that sees the new name with the old version errs older.
+            self._named.model = f"{self.lora_name}-v{model_version}"
+        self.model_version = model_version
+        self._evict_stale()
+
+    def check_health(self, stale_after_s: float) -> None:
+        """Raise if a group thread failed or died, or nothing happened for ``stale_after_s`` seconds.
+
+        "Something happened" is any generation or episode ending, a group ending, or a wait for room in
+        the full buffer. The trainer calls this whenever its read of ``rollout_buffer`` times out.
+
+        Raises:
+            RuntimeError: chained to the thread's exception when one failed.
+        """
+        if self._error is not None:
+            raise RuntimeError(f"trl-env rollout worker failed:\n{self._error_tb}") from self._error
+        if self._started and not self._stopping.is_set():
+            dead = [t.name for t in self._threads if not t.is_alive()]
+            if dead:
+                raise RuntimeError(f"trl-env rollout worker thread(s) {', '.join(dead)} died without an error.")
+        age = time.monotonic() - self._heartbeat
+        if age > stale_after_s:
+            raise RuntimeError(
+                f"trl-env rollout worker heartbeat stale: nothing generated, finished or pushed for {age:.0f} s > "
+                f"{stale_after_s:.0f} s (a hung env call or server?)."
+            )
+
+    # -- the group threads ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._halted():
+                index = next(self._seed_index)
+                self._run_group(index, self.seeds[index % len(self.seeds)])
+        except BaseException as e:  # noqa: BLE001  # reported by check_health, which the trainer calls
+            with self._lock:
+                if self._error is None:
+                    self._error, self._error_tb = e, traceback.format_exc()
+            self._failed.set()  # every thread stops: the trainer's queue empties and check_health raises
+            logger.error("trl-env rollout worker thread %s failed: %r", threading.current_thread().name, e)
+
+    def _run_group(self, group_id: int, seed: Any) -> None:
+        started, version_at_start = time.time(), self.model_version
+        gen = _GroupGenerator(self)
+        engine = self.options.engine
+        rollouts = batch_rollout(
+            [seed] * self.num_generations,
+            self.env_factory,
+            self.processor,
+            self.tokenizer,
+            gen,
+            budgets=self.budgets,
+            parse_truncated_turns=engine.parse_truncated_turns,
+            strict=engine.strict,
+            env_workers=min(engine.env_workers, self.num_generations),
+            env_timeout=engine.env_timeout,
+            coalesce_s=engine.coalesce_s,
+            on_episode_end=lambda _: self._tick(),
+        )
+        ended = time.time()
+        self._tick()
+        fallback = gen.first_version if gen.first_version is not None else version_at_start
+        versions = [self._versions(r, fallback, gen.last_version) for r in rollouts]
+        endings = tuple(r.ending.value for r in rollouts)
+        if self._halted():  # stopped: its generations in flight were failed; nothing of it is pushed
+            record = GroupRecord(group_id, str(seed), started, ended, tuple(versions), endings, 0, 0, False)
+            if self.on_group is not None:
+                self.on_group(record, rollouts)
+            return
+        samples, metrics = self._score(group_id, rollouts, versions)
+        pushed, dropped, waited = self._push(samples)
+        metrics.update({
+            "rollout/pushed_total": float(pushed),
+            "rollout/dropped_stale_total": float(dropped),
+            "rollout/backpressure_s": waited,
+            "rollout/group_s": ended - started,
+        })  # fmt: skip
+        self._put_metrics(metrics)
+        self._put_metrics({k: (v, 1.0) for k, v in _env_metrics(rollouts).items()})
+        with self._lock:
+            self.counts["pushed"] += pushed
+            self.counts["dropped_stale"] += dropped
+        record = GroupRecord(group_id, str(seed), started, ended, tuple(versions), endings, pushed, dropped, True)
+        self.groups.append(record)
+        self._write_transcripts(group_id, version_at_start, rollouts)
+        if self.on_group is not None:
+            self.on_group(record, rollouts)
+
+    def _versions(self, r: Rollout, fallback: int, newest: int | None) -> tuple[int, int] | None:
+        """(oldest, newest) version among the episode's turns: from their adapter names, else ``fallback``."""
+        if not r.turns:
+            return None
+        parsed = [self._parse_policy(t.policy) for t in r.turns]
+        known = [v for v in parsed if v is not None]
+        if len(known) < len(parsed):  # no adapter names (full-weight sync, or a generator that records none)
+            known += [fallback, newest if newest is not None else fallback]
+        return min(known), max(known)
+
+    def _parse_policy(self, policy: str | None) -> int | None:
+        match = self._policy_re.match(policy) if (policy and self._policy_re) else None
+        return int(match.group(1)) if match else None
+
+    def _score(
+        self, group_id: int, rollouts: list[Rollout], versions: list[tuple[int, int] | None]
+    ) -> tuple[list[RolloutSample], dict[str, Any]]:
+        """The group's rows to push (advantages over its scored, non-failed episodes) and its metrics."""
+        n = len(rollouts)
+        failed = [r.ending is Ending.ERROR for r in rollouts]
+        rewards = [None if f else r.reward for r, f in zip(rollouts, failed, strict=True)]
+        advantages = group_advantages(rewards, self.scale_rewards)
+        scored = [r for r, a in zip(rewards, advantages, strict=True) if a is not None and r is not None]
+        reward_std = float(np.std(scored)) if scored else math.nan
+        samples, untrainable, unscored, masked = [], 0, 0, 0
+        for r, f, adv, reward, version in zip(rollouts, failed, advantages, rewards, versions, strict=True):
+            if f:
+                continue
+            if adv is None:
+                unscored += 1
+                if self.unscored == "drop":
+                    continue
+            if self.mask_truncated and r.truncated:
+                masked += 1
+                continue
+            sample = self._to_sample(r, 0.0 if adv is None else adv, reward, reward_std, version, group_id)
+            if sample is None:
+                untrainable += 1
+                continue
+            samples.append(sample)
+        spans = [v[1] - v[0] for v in versions if v is not None]
+        metrics: dict[str, Any] = {
+            "rollout/groups_total": 1.0,
+            "rollout/episodes_total": float(n),
+            "rollout/failed_frac": (float(sum(failed)), float(n)),
+            "rollout/unscored_frac": (float(unscored), float(n)),
+            "rollout/untrainable_total": float(untrainable),
+            "rollout/truncated_masked_total": float(masked),
+            "rollout/reward_mean": (float(sum(scored)), float(len(scored))),
+            "rollout/reward_std": reward_std,
+            "rollout/version_span_mean": (float(sum(spans)), float(len(spans))),
+            "rollout/version_span_max": float(max(spans, default=0)),
+        }
+        with self._lock:
+            for key, value in (("groups", 1), ("episodes", n), ("failed", sum(failed)), ("unscored", unscored),
+                               ("untrainable", untrainable), ("truncated_masked", masked)):  # fmt: skip
+                self.counts[key] += value
+        return samples, metrics
+
+    def _to_sample(
+        self,
+        r: Rollout,
+        advantage: float,
+        reward: float | None,
+        reward_std: float,
+        version: tuple[int, int] | None,
+        group_id: int,
+    ) -> RolloutSample | None:
+        """One episode as one row, or ``None`` when the row must not reach the trainer."""
+        if version is None or r.info.get("placeholder") or not any(r.env_mask):
+            return None  # no trained token: an empty loss row crashes the trainer (segment_id.max() of nothing)
+        n = len(r.prompt_ids)
+        mask = np.asarray([0] * n + r.env_mask, dtype=np.int64)
+        logprobs = np.asarray([0.0] * n + r.logprobs, dtype=np.float32)
+        if not np.isfinite(logprobs[mask == 1]).all():
+            return None  # a None logprob from the server (parsed as NaN) would make the loss NaN
+        completion = []
+        for turn in r.turns:
+            completion.append({"role": "assistant", "content": turn.text})
+            if turn.delta:
+                completion.append({"role": "user", "content": turn.delta})
+        return _rollout_sample()(
+            prompt=[{"role": "user", "content": str(r.seed)}],
+            completion=completion,
+            input_ids=np.asarray(r.prompt_ids + r.completion_ids, dtype=np.int64),
+            completion_mask=mask,
+            old_log_probs=logprobs,
+            advantage=float(advantage),
+            model_version=version[0],
+            group_id=group_id,
+            metrics={
+                "reward": math.nan if reward is None else float(reward),
+                "reward_std": reward_std,
+                "env/turns": float(len(r.turns)),
+            },
+        )
+
+    def _push(self, samples: list[RolloutSample]) -> tuple[int, int, float]:
+        """Put the rows on the buffer, a group's rows together; drop stale ones. Returns (pushed, dropped, waited_s)."""
+        pushed = dropped = 0
+        waited = 0.0
+        with self._push_lock:
+            for sample in samples:
+                while not self._halted():
+                    t0 = time.monotonic()
+                    outcome = self._buffer.put_fresh(sample, self._stale, timeout=0.2)
+                    if outcome == "full":
+                        waited += time.monotonic() - t0
+                        self._tick()  # waiting for the trainer is not a hang
+                        continue
+                    pushed += outcome == "pushed"
+                    dropped += outcome == "stale"
+                    break
+        return pushed, dropped, waited
+
+    def _stale(self, sample: RolloutSample) -> bool:
+        return self.model_version - sample.model_version > self.max_staleness
+
+    def _evict_stale(self) -> None:
+        """Remove the rows the trainer would drop as stale from the buffer, freeing their room."""
+        evicted = self._buffer.evict(self._stale)
+        if evicted:
+            with self._lock:
+                self.counts["dropped_stale"] += evicted
+            self._put_metrics({"rollout/dropped_stale_total": float(evicted)})
+
+    # -- helpers -------------------------------------------------------------------------------------
+
+    def _tick(self) -> None:
+        self._heartbeat = time.monotonic()
+
+    def _halted(self) -> bool:
+        return self._stopping.is_set() or self._failed.is_set()
+
+    def _put_metrics(self, metrics: dict[str, Any]) -> None:
+        try:
+            self.metrics_queue.put_nowait(metrics)
+        except queue.Full:  # nobody drains it (no logging): metrics are best effort
+            pass
+
+    def _track(self, inner: list[Future[Generation]]) -> list[Future[Generation]]:
+        """Futures the worker can fail on ``stop()``, settled from the generator's; each one ticks the heartbeat."""
+        outer: list[Future[Generation]] = [Future() for _ in inner]
+        with self._lock:
+            self._pending.update(outer)
+        for src, dst in zip(inner, outer, strict=True):
+            src.add_done_callback(functools.partial(self._settled, dst=dst))
+        if self._stopping.is_set():  # stop() ran while these were being submitted
+            for dst in outer:
+                _settle(dst, error=ServerError("the rollout worker stopped"))
+        return outer
+
+    def _settled(self, src: Future[Generation], *, dst: Future[Generation]) -> None:
+        self._tick()
+        with self._lock:
+            self._pending.discard(dst)
+        error = src.exception() if not src.cancelled() else ServerError("the generation was cancelled")
+        _settle(dst, result=None if error else src.result(), error=error)
+
+    def _check_adapter_served(self) -> None:
+        gen = self.generator
+        if self.lora_name is None or not isinstance(gen, VLLMServerGenerator):
+            return
+        name = f"{self.lora_name}-v{self.model_version}"
+        try:
+            cards = gen._get(f"{gen.urls[0]}/v1/models", timeout=30).json()["data"]
+        except Exception as e:  # noqa: BLE001  # the check is advisory when the server cannot list
+            logger.warning("could not list %s/v1/models to check for adapter %s: %r", gen.urls[0], name, e)
+            return
+        served = [c.get("id") for c in cards]
+        if name not in served:
+            raise ConfigError(
+                f"the vLLM server at {gen.urls[0]} does not serve adapter {name!r} (it serves {served}). "
+                "AsyncGRPOTrainer publishes one only with a PEFT model (peft_config=LoraConfig(...)) and a server "
+                "started with --enable-lora, --max-loras >= max_staleness + 2, VLLM_ALLOW_RUNTIME_LORA_UPDATING=True "
+                "and VLLM_SERVER_DEV_MODE=1; with a full-weight sync pass lora_name=None."
+            )
+
+    def _write_transcripts(self, group_id: int, version: int, rollouts: list[Rollout]) -> None:
+        logging_options = self.options.logging
+        if logging_options.transcripts is None or group_id % max(1, logging_options.transcripts_every):
+            return
+        with self._transcripts_lock:
+            write_transcripts(logging_options.transcripts, rollouts, step=version, tokenizer=self.tokenizer)
+
+
+@functools.cache
+def _rollout_sample() -> type[RolloutSample]:
+    """TRL's ``RolloutSample`` (importing ``trl.experimental.async_grpo`` takes seconds: done once, in ``__init__``)."""
+    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+
+    return RolloutSample
+
+
+class _RolloutBuffer(queue.Queue):  # type: ignore[type-arg]  # of RolloutSample
+    """A bounded ``queue.Queue`` whose producer checks staleness under the queue's lock.
+
+    ``update_model_version`` changes the version and then calls ``evict``; ``put_fresh`` decides and
+    puts under the same lock. So once ``update_model_version(v)`` has returned, no row older than
+    ``v - max_staleness`` is in the buffer, and the trainer (which reads after that call) never has to
+    drop one. Uses ``Queue``'s documented subclass hooks (``_qsize``, ``_put``) and its condition variables.
+    """
+
+    def put_fresh(self, item: Any, stale: Callable[[Any], bool], timeout: float) -> str:
+        """Put ``item`` unless ``stale(item)``; returns ``"pushed"``, ``"stale"`` or ``"full"`` (after ``timeout``)."""
+        with self.not_full:
+            if 0 < self.maxsize <= self._qsize():
+                self.not_full.wait(timeout)
+                if 0 < self.maxsize <= self._qsize():
+                    return "full"
+            if stale(item):
+                return "stale"
+            item.enqueued_at = time.time()
+            self._put(item)
+            self.unfinished_tasks += 1
+            self.not_empty.notify()
+            return "pushed"
+
+    def evict(self, stale: Callable[[Any], bool]) -> int:
+        """Remove every stale item; returns how many."""
+        with self.mutex:
+            keep = [item for item in self.queue if not stale(item)]
+            evicted = len(self.queue) - len(keep)
+            if evicted:
+                self.queue.clear()
+                self.queue.extend(keep)
+                self.not_full.notify(evicted)
+            return evicted
+
+
+class _GroupGenerator(GeneratorBase):
+    """The shared generator as one group sees it: notes the version live at each submit; stoppable."""
+
+    def __init__(self, worker: TrlEnvRolloutWorker) -> None:
+        self.worker, self.inner = worker, worker.generator
+        self.continuous = bool(self.inner.continuous)
+        self.first_version: int | None = None
+        self.last_version: int | None = None
+
+    @property
+    def context_limit(self) -> int | None:
+        return self.inner.context_limit
+
+    def submit(self, requests: Sequence[GenerationRequest]) -> list[Future[Generation]]:
+        if self.worker._halted():
+            raise ServerError("the rollout worker stopped")  # the engine fails these episodes at once
+        version = self.worker.model_version
+        if self.first_version is None:
+            self.first_version = version
+        self.last_version = version
+        return self.worker._track(list(self.inner.submit(requests)))
+
+
+def _settle(
+    future: Future[Generation], *, result: Generation | None = None, error: BaseException | None = None
+) -> None:
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]  # a Generation when there is no error
+    except InvalidStateError:  # settled already (stop() and the answer raced)
+        pass
+
+
+class _MetricsSink:
+    """Just enough of a trainer for ``log_metrics``: one process, training mode, a metric dict."""
+
+    def __init__(self) -> None:
+        self._metrics: dict[str, defaultdict[str, list[float]]] = {"train": defaultdict(list)}
+        self.model = dataclasses.make_dataclass("M", [("training", bool, True)])()
+
+
+def _env_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
+    """The sync path's ``env/*`` statistics (``trl_env.integrations.metrics``) for one group."""
+    sink = _MetricsSink()
+    log_metrics(sink, rollouts)
+    return {key: values[-1] for key, values in sink._metrics["train"].items() if values}
+
+
+# ------------------------------------------------------------------------------------------ CPU workaround
+
+
+class _SdpaVarlen:
+    """``flash_attn_varlen_func`` on CPU: an SDPA call per tree segment, flash-attn's semantics.
+
+    q: (total_q, Hq, D); k, v: (total_k, Hkv, D), already gathered along each segment's tree path.
+    Causal masking is aligned bottom-right (query i of a segment sees key j <= i + lk - lq), GQA heads
+    are repeated, and a sliding window and a logit softcap are honoured.
+    """
+
+    @staticmethod
+    def flash_attn_varlen_func(
+        q: Any,
+        k: Any,
+        v: Any,
+        cu_seqlens_q: Any,
+        cu_seqlens_k: Any,
+        max_seqlen_q: int,
+        max_seqlen_k: int,
+        softmax_scale: float | None = None,
+        causal: bool = True,
+        window_size: tuple[int, int] = (-1, -1),
+        softcap: float | None = None,
+        **_: Any,
+    ) -> Any:
+        import torch
+        import torch.nn.functional as F  # noqa: N812
+
+        hq, hk = q.shape[1], k.shape[1]
+        out = torch.empty_like(q)
+        cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+        scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+        for s in range(len(cq) - 1):
+            lq, lk = cq[s + 1] - cq[s], ck[s + 1] - ck[s]
+            qi = q[cq[s] : cq[s + 1]].transpose(0, 1)  # (H, lq, D)
+            ki = k[ck[s] : ck[s + 1]].transpose(0, 1)
+            vi = v[ck[s] : ck[s + 1]].transpose(0, 1)
+            if hq != hk:
+                ki, vi = ki.repeat_interleave(hq // hk, dim=0), vi.repeat_interleave(hq // hk, dim=0)
+            i = torch.arange(lq, device=q.device).unsqueeze(1)
+            j = torch.arange(lk, device=q.device).unsqueeze(0)
+            mask = j <= i + (lk - lq) if causal else torch.ones(lq, lk, dtype=torch.bool, device=q.device)
+            if window_size[0] >= 0:
+                mask &= j >= i + (lk - lq) - window_size[0]
+            if softcap:
+                scores = (qi @ ki.transpose(-1, -2)) * scale
+                scores = softcap * torch.tanh(scores / softcap)
+                o = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1) @ vi
+            else:
+                o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=scale)
+            out[cq[s] : cq[s + 1]] = o.transpose(0, 1)
+        return out
+
+
+def patch_for_cpu() -> None:
+    """Let TRL 1.16's ``AsyncGRPOTrainer`` train on CPU: a WORKAROUND, applied only when you call it.
+
+    TRL 1.16 assumes CUDA in two places, so without this the trainer cannot even be built on CPU:
+
+    1. ``AsyncGRPOTrainer.__init__`` calls ``get_peak_flops_per_device``, which calls
+       ``torch.cuda.get_device_name`` (``AssertionError: Torch not compiled with CUDA enabled``). Patched to
+       return ``None``, TRL's own "MFU unknown" value.
+    2. The model is always loaded with the ``tree_fa3`` attention, whose kernel is a CUDA flash-attention
+       fetched from the Hub (``kernels.get_kernel("kernels-community/flash-attn3")``). Patched to an SDPA loop
+       over the packed tree segments with flash-attn's varlen semantics (``_SdpaVarlen``); slow for long
+       rows, but exact (packed logprobs matched a per-sample forward to 5e-7 on the tiny model).
+
+    Both patches are process-wide monkeypatches of ``trl.experimental.async_grpo`` module attributes, and
+    idempotent. On a GPU machine do not call this. Newer TRL versions may not need it (or may move the
+    patched names: then this raises instead of patching silently).
+
+    Raises:
+        ConfigError: when TRL's async module lacks the patched names (a TRL version this was not written for).
+    """
+    from trl.experimental.async_grpo import async_grpo_trainer, packing
+
+    for module, name in ((packing, "_flash_attn"), (async_grpo_trainer, "get_peak_flops_per_device")):
+        if not hasattr(module, name):
+            raise ConfigError(
+                f"trl_env.integrations.async_grpo.patch_for_cpu: {module.__name__}.{name} does not exist in this "
+                "TRL version; the CPU workaround was written for trl 1.16 and may no longer be needed."
+            )
+    packing._flash_attn = _SdpaVarlen  # type: ignore[assignment]  # tree_attention calls it for the kernel module
+    async_grpo_trainer.get_peak_flops_per_device = lambda accelerator, dtype: None  # type: ignore[assignment]
