@@ -1,53 +1,8 @@
-"""trl-env as the rollout worker of TRL's ``AsyncGRPOTrainer`` (``trl.experimental.async_grpo``, TRL 1.16).
-
-``AsyncGRPOTrainer(rollout_worker=TrlEnvRolloutWorker(...))`` trains while trl-env keeps generating: episodes
-run continuously against a vLLM server, each finished group of ``num_generations`` episodes becomes
-``RolloutSample`` rows on ``rollout_buffer``, and the trainer pulls them as it needs them. The trainer syncs
-its weights to the server after each optimizer step (with a PEFT model and a server started with
-``--enable-lora``: as a LoRA adapter named ``trl-policy-v{N}``, over HTTP) and tells the worker with
-``update_model_version(N)``; from then on every NEW turn names that adapter, while turns already sent finish
-on the adapter they named. A sample can therefore mix policies across its turns; each token's old logprob
-comes from the policy that sampled it, which is what the per-token importance ratio needs.
-
-The protocol (``RolloutWorkerProtocol``, TRL's ``async_grpo_trainer.py``): ``rollout_buffer`` and
-``metrics_queue`` (``queue.Queue``), ``start()``, ``stop()``, ``update_model_version(v)`` and
-``check_health(stale_after_s)``. Everything here runs in the trainer's process, on threads: no pickling,
-so env factories may be closures. CPU-heavy env code belongs in worker processes
-(``env_executor="process"``).
-
-The rows:
-
-* ``input_ids`` = ``prompt_ids + completion_ids`` (the exact ids the sampler saw and produced: one episode
-  is always one row, with no re-tokenisation), ``completion_mask`` = 0 over the prompt then trl-env's
-  ``env_mask`` (1 = sampled by the model), ``old_log_probs`` = 0 over the prompt then the sampler's
-  processed logprobs (0 at env tokens); numpy int64 / int64 / float32.
-* ``advantage``: TRL async's formula, per group over its *scored* episodes: ``(r - mean) / (std + 1e-8)``
-  with the population std (``scale_rewards="none"``: ``r - mean``). A failed episode (``Ending.ERROR``) is
-  left out of the statistics and never pushed; it is counted (``rollout/failed_frac``). An episode that did
-  not fail but has no reward (the model never acted) is "unscored": like TRL, it gets advantage 0 and is
-  pushed (``unscored="zero"``), or it is dropped (``unscored="drop"``).
-* ``model_version``: the OLDEST policy version among the episode's turns, read from ``Turn.policy``
-  (``<lora_name>-v<N>``); without LoRA names, the version that was live when the group's first turn was
-  submitted. That makes the trainer's ``staleness = version - model_version <= max_staleness`` check
-  conservative.
-* never pushed: a row with no trained token (the trainer crashes on a rank whose row has no loss term), a
-  row with a NaN or infinite logprob at a trained position (the loss would be NaN), an episode trl-env
-  reports as a placeholder.
-
-Staleness: the trainer drops any sample older than ``max_staleness`` versions when it reads it; the worker
-drops such samples itself before pushing them, and evicts them from a full buffer, since the trainer would
-drop them anyway (``rollout/dropped_stale_total``). The buffer is bounded (``buffer_size``): a group
-thread that finds it full waits (``rollout/backpressure_s``), which is what keeps the worker from running
-ahead of the trainer.
-
-``patch_for_cpu()`` applies the two monkeypatches TRL 1.16's ``AsyncGRPOTrainer`` needs to run on CPU
-at all; see its docstring and ``docs/async.md``.
-"""
+"""``TrlEnvRolloutWorker``: trl-env episodes, continuously, as ``AsyncGRPOTrainer``'s rows (see the package docs)."""
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import functools
 import itertools
 import logging
@@ -61,8 +16,7 @@ import traceback
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import numpy as np
 from typing_extensions import Unpack
@@ -72,7 +26,6 @@ from trl_env.backends.vllm_server import VLLMServerGenerator
 from trl_env.env import Env
 from trl_env.errors import ConfigError, ServerError
 from trl_env.integrations.grpo import _seed_or_error, _with_system_prompt
-from trl_env.integrations.metrics import log_metrics
 from trl_env.integrations.options import (
     BackendOptions,
     EngineOptions,
@@ -91,16 +44,19 @@ if TYPE_CHECKING:
 
     from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
+from trl_env.integrations.async_grpo.rows import (
+    GroupRecord,
+    ScaleRewards,
+    Unscored,
+    _env_metrics,
+    _rollout_sample,
+    group_advantages,
+)
+
 logger = logging.getLogger(__name__)
 
 LORA_NAME = "trl-policy"
 """The adapter name prefix ``AsyncGRPOTrainer`` publishes (``trainer._lora_name``): ``trl-policy-v{N}``."""
-
-ADVANTAGE_EPS = 1e-8
-"""TRL async's epsilon in ``(r - mean) / (std + eps)`` (``_score_group``)."""
-
-ScaleRewards = Literal["group", "none"]
-Unscored = Literal["zero", "drop"]
 
 
 class WorkerOptions(TypedDict, total=False):
@@ -119,41 +75,6 @@ class WorkerOptions(TypedDict, total=False):
     coalesce_s: float
     transcripts: str | os.PathLike[str] | None
     transcripts_every: int
-
-
-def group_advantages(rewards: Sequence[float | None], scale_rewards: ScaleRewards = "group") -> list[float | None]:
-    """TRL async GRPO's advantages for one group: ``None`` (unscored) members are out of the statistics.
-
-    ``(r - mean) / (std + 1e-8)`` over the scored members, with numpy's population std (ddof=0), as TRL's
-    ``AsyncRolloutWorker._score_group``; ``scale_rewards="none"`` gives ``r - mean``. Unscored members stay
-    ``None``. A non-finite reward counts as unscored.
-    """
-    finite = [r if r is not None and math.isfinite(r) else None for r in rewards]
-    scored = np.asarray([r for r in finite if r is not None], dtype=np.float64)
-    if scored.size == 0:
-        return [None] * len(finite)
-    mean, std = float(scored.mean()), float(scored.std())
-    scale = std + ADVANTAGE_EPS if scale_rewards == "group" else 1.0
-    return [None if r is None else (r - mean) / scale for r in finite]
-
-
-@dataclass(frozen=True)
-class GroupRecord:
-    """What one group did, kept in ``TrlEnvRolloutWorker.groups`` (the most recent 10,000)."""
-
-    group_id: int
-    seed: str
-    started: float
-    """``time.time()`` when the group was dispatched."""
-    ended: float
-    """``time.time()`` when its last episode ended (before its samples were pushed)."""
-    versions: tuple[tuple[int, int] | None, ...]
-    """Per episode: (oldest, newest) policy version among its turns; ``None`` for an episode without a turn."""
-    endings: tuple[str, ...]
-    pushed: int
-    dropped_stale: int
-    complete: bool
-    """False for a group cut short by ``stop()`` (its rollouts end in ``server_error``; nothing was pushed)."""
 
 
 class TrlEnvRolloutWorker:
@@ -658,14 +579,6 @@ class TrlEnvRolloutWorker:
             write_transcripts(logging_options.transcripts, rollouts, step=version, tokenizer=self.tokenizer)
 
 
-@functools.cache
-def _rollout_sample() -> type[RolloutSample]:
-    """TRL's ``RolloutSample`` (importing ``trl.experimental.async_grpo`` takes seconds: done once, in ``__init__``)."""
-    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
-
-    return RolloutSample
-
-
 class _RolloutBuffer(queue.Queue):  # type: ignore[type-arg]  # of RolloutSample
     """A bounded ``queue.Queue`` whose producer checks staleness under the queue's lock.
 
@@ -735,105 +648,3 @@ def _settle(
             future.set_result(result)  # type: ignore[arg-type]  # a Generation when there is no error
     except InvalidStateError:  # settled already (stop() and the answer raced)
         pass
-
-
-class _MetricsSink:
-    """Just enough of a trainer for ``log_metrics``: one process, training mode, a metric dict."""
-
-    def __init__(self) -> None:
-        self._metrics: dict[str, defaultdict[str, list[float]]] = {"train": defaultdict(list)}
-        self.model = dataclasses.make_dataclass("M", [("training", bool, True)])()
-
-
-def _env_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
-    """The sync path's ``env/*`` statistics (``trl_env.integrations.metrics``) for one group."""
-    sink = _MetricsSink()
-    log_metrics(sink, rollouts)
-    return {key: values[-1] for key, values in sink._metrics["train"].items() if values}
-
-
-# ------------------------------------------------------------------------------------------ CPU workaround
-
-
-class _SdpaVarlen:
-    """``flash_attn_varlen_func`` on CPU: an SDPA call per tree segment, flash-attn's semantics.
-
-    q: (total_q, Hq, D); k, v: (total_k, Hkv, D), already gathered along each segment's tree path.
-    Causal masking is aligned bottom-right (query i of a segment sees key j <= i + lk - lq), GQA heads
-    are repeated, and a sliding window and a logit softcap are honoured.
-    """
-
-    @staticmethod
-    def flash_attn_varlen_func(
-        q: Any,
-        k: Any,
-        v: Any,
-        cu_seqlens_q: Any,
-        cu_seqlens_k: Any,
-        max_seqlen_q: int,
-        max_seqlen_k: int,
-        softmax_scale: float | None = None,
-        causal: bool = True,
-        window_size: tuple[int, int] = (-1, -1),
-        softcap: float | None = None,
-        **_: Any,
-    ) -> Any:
-        import torch
-        import torch.nn.functional as F  # noqa: N812
-
-        hq, hk = q.shape[1], k.shape[1]
-        out = torch.empty_like(q)
-        cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
-        scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-        for s in range(len(cq) - 1):
-            lq, lk = cq[s + 1] - cq[s], ck[s + 1] - ck[s]
-            qi = q[cq[s] : cq[s + 1]].transpose(0, 1)  # (H, lq, D)
-            ki = k[ck[s] : ck[s + 1]].transpose(0, 1)
-            vi = v[ck[s] : ck[s + 1]].transpose(0, 1)
-            if hq != hk:
-                ki, vi = ki.repeat_interleave(hq // hk, dim=0), vi.repeat_interleave(hq // hk, dim=0)
-            i = torch.arange(lq, device=q.device).unsqueeze(1)
-            j = torch.arange(lk, device=q.device).unsqueeze(0)
-            mask = j <= i + (lk - lq) if causal else torch.ones(lq, lk, dtype=torch.bool, device=q.device)
-            if window_size[0] >= 0:
-                mask &= j >= i + (lk - lq) - window_size[0]
-            if softcap:
-                scores = (qi @ ki.transpose(-1, -2)) * scale
-                scores = softcap * torch.tanh(scores / softcap)
-                o = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1) @ vi
-            else:
-                o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=scale)
-            out[cq[s] : cq[s + 1]] = o.transpose(0, 1)
-        return out
-
-
-def patch_for_cpu() -> None:
-    """Let TRL 1.16's ``AsyncGRPOTrainer`` train on CPU: a WORKAROUND, applied only when you call it.
-
-    TRL 1.16 assumes CUDA in two places, so without this the trainer cannot even be built on CPU:
-
-    1. ``AsyncGRPOTrainer.__init__`` calls ``get_peak_flops_per_device``, which calls
-       ``torch.cuda.get_device_name`` (``AssertionError: Torch not compiled with CUDA enabled``). Patched to
-       return ``None``, TRL's own "MFU unknown" value.
-    2. The model is always loaded with the ``tree_fa3`` attention, whose kernel is a CUDA flash-attention
-       fetched from the Hub (``kernels.get_kernel("kernels-community/flash-attn3")``). Patched to an SDPA loop
-       over the packed tree segments with flash-attn's varlen semantics (``_SdpaVarlen``); slow for long
-       rows, but exact (packed logprobs matched a per-sample forward to 5e-7 on the tiny model).
-
-    Both patches are process-wide monkeypatches of ``trl.experimental.async_grpo`` module attributes, and
-    idempotent. On a GPU machine do not call this. Newer TRL versions may not need it (or may move the
-    patched names: then this raises instead of patching silently).
-
-    Raises:
-        ConfigError: when TRL's async module lacks the patched names (a TRL version this was not written for).
-    """
-    from trl.experimental.async_grpo import async_grpo_trainer, packing
-
-    for module, name in ((packing, "_flash_attn"), (async_grpo_trainer, "get_peak_flops_per_device")):
-        if not hasattr(module, name):
-            raise ConfigError(
-                f"trl_env.integrations.async_grpo.patch_for_cpu: {module.__name__}.{name} does not exist in this "
-                "TRL version; the CPU workaround was written for trl 1.16 and may no longer be needed."
-            )
-    packing._flash_attn = _SdpaVarlen  # type: ignore[assignment]  # tree_attention calls it for the kernel module
-    async_grpo_trainer.get_peak_flops_per_device = lambda accelerator, dtype: None  # type: ignore[assignment]
