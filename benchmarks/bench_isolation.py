@@ -79,11 +79,13 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--work-ms", type=float, default=20.0)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--pool", type=int, default=16, help="worker processes per pool (batch_rollout's env_workers)")
     args = parser.parse_args()
     spin = functools.partial(SpinEnv, work_s=args.work_ms / 1000, turns=args.turns)
     quick = functools.partial(SpinEnv, work_s=0.0, turns=args.turns)
     tokenizer = build_tiny_tokenizer()
-    pools = {"spin": isolated(spin, pool_size=args.episodes), "quick": isolated(quick, pool_size=args.episodes)}
+    pool = min(args.pool, args.episodes)  # at most env_workers (16) env calls run at once anyway
+    pools = {"spin": isolated(spin, pool_size=pool), "quick": isolated(quick, pool_size=pool)}
     for pool in pools.values():  # start the workers once: a trainer keeps its pool across steps
         run(pool, tokenizer, args.episodes, args.turns)
     times: dict[str, list[float]] = {k: [] for k in ("spin thread", "spin process", "quick thread", "quick process")}
@@ -93,7 +95,7 @@ def main() -> None:
             times[f"{name} process"].append(run(pools[name], tokenizer, args.episodes, args.turns))
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"{args.episodes} episodes x {args.turns} turns, {args.work_ms:.0f} ms of CPU per env call, "
-          f"{os.cpu_count()} CPUs, medians of {args.reps}")  # fmt: skip
+          f"{os.cpu_count()} CPUs, {pool} worker processes, medians of {args.reps}")  # fmt: skip
     print("| env | threads (s) | processes (s) | processes / threads |")
     print("| --- | --- | --- | --- |")
     for env in ("spin", "quick"):
