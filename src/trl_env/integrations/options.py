@@ -101,13 +101,18 @@ class LoggingOptions:
     difference (``trl_env.tools.additivity.RolloutCheck``); 0 turns the check off."""
 
 
-class FlatOptions(TypedDict, total=False):
-    """Today's keywords of ``make_rollout_func``, each belonging to one group."""
+class LimitKeywords(TypedDict, total=False):
+    """``Limits`` as flat keywords."""
 
     max_turns: int
     max_new_tokens: int | None
     max_completion_tokens: int | None
     max_context: int | None
+
+
+class EngineKeywords(TypedDict, total=False):
+    """``EngineOptions`` as flat keywords."""
+
     parse_truncated_turns: bool
     strict: bool
     env_workers: int
@@ -115,11 +120,21 @@ class FlatOptions(TypedDict, total=False):
     env_executor: str
     env_memory_mb: int | None
     coalesce_s: float
+
+
+class TranscriptKeywords(TypedDict, total=False):
+    """The transcript part of ``LoggingOptions`` as flat keywords."""
+
+    transcripts: str | os.PathLike[str] | None
+    transcripts_every: int
+
+
+class FlatOptions(LimitKeywords, EngineKeywords, TranscriptKeywords, total=False):
+    """Today's keywords of ``make_rollout_func``, each belonging to one group."""
+
     generator: Generator | Callable[[Any], Generator] | None
     base_url: str | Sequence[str] | None
     lora_sync: str | os.PathLike[str] | None
-    transcripts: str | os.PathLike[str] | None
-    transcripts_every: int
     check_template_every: int
 
 

@@ -7,7 +7,6 @@ import functools
 import itertools
 import logging
 import math
-import os
 import queue
 import re
 import threading
@@ -16,7 +15,7 @@ import traceback
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
-from typing import TYPE_CHECKING, Any, TypedDict, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from typing_extensions import Unpack
@@ -25,14 +24,25 @@ from trl_env.backends.base import Generation, GenerationRequest, Generator, Gene
 from trl_env.backends.vllm_server import VLLMServerGenerator
 from trl_env.env import Env
 from trl_env.errors import ConfigError, ServerError
+from trl_env.integrations.async_grpo.rows import (
+    GroupRecord,
+    ScaleRewards,
+    Unscored,
+    _env_metrics,
+    _rollout_sample,
+    group_advantages,
+)
 from trl_env.integrations.grpo import _seed_or_error, _with_system_prompt
 from trl_env.integrations.options import (
     BackendOptions,
+    EngineKeywords,
     EngineOptions,
     FlatOptions,
+    LimitKeywords,
     Limits,
     LoggingOptions,
     RolloutOptions,
+    TranscriptKeywords,
 )
 from trl_env.isolation import isolated
 from trl_env.processors.base import Processor, check_processor
@@ -44,14 +54,6 @@ if TYPE_CHECKING:
 
     from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
-from trl_env.integrations.async_grpo.rows import (
-    GroupRecord,
-    ScaleRewards,
-    Unscored,
-    _env_metrics,
-    _rollout_sample,
-    group_advantages,
-)
 
 logger = logging.getLogger(__name__)
 
@@ -59,22 +61,8 @@ LORA_NAME = "trl-policy"
 """The adapter name prefix ``AsyncGRPOTrainer`` publishes (``trainer._lora_name``): ``trl-policy-v{N}``."""
 
 
-class WorkerOptions(TypedDict, total=False):
+class WorkerOptions(LimitKeywords, EngineKeywords, TranscriptKeywords, total=False):
     """The flat keywords of ``make_rollout_func`` that the worker takes: limits, engine and transcripts."""
-
-    max_turns: int
-    max_new_tokens: int | None
-    max_completion_tokens: int | None
-    max_context: int | None
-    parse_truncated_turns: bool
-    strict: bool
-    env_workers: int
-    env_timeout: float | None
-    env_executor: str
-    env_memory_mb: int | None
-    coalesce_s: float
-    transcripts: str | os.PathLike[str] | None
-    transcripts_every: int
 
 
 class TrlEnvRolloutWorker:
