@@ -14,7 +14,6 @@ each part goes to the server with the fewest prompts in flight.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import math
@@ -367,8 +366,9 @@ def parse_completions(
     results: list[Generation | ServerError] = []
     for choice, request in zip(choices, requests, strict=True):
         try:
-            generation = parse_completion({"choices": [choice]}, url=url, max_tokens=request.max_tokens)
-            results.append(dataclasses.replace(generation, policy=policy))
+            results.append(
+                parse_completion({"choices": [choice]}, url=url, max_tokens=request.max_tokens, policy=policy)
+            )
         except ServerError as e:
             results.append(e)
     return results
@@ -384,8 +384,11 @@ def _token_id(token: str) -> int:
     return int(token[len(_TOKEN_ID) :])
 
 
-def parse_completion(data: Any, *, url: str, max_tokens: int) -> Generation:
-    """Read one ``/v1/completions`` answer; anything missing or inconsistent is a ``ServerError``, not data."""
+def parse_completion(data: Any, *, url: str, max_tokens: int, policy: str | None = None) -> Generation:
+    """Read one ``/v1/completions`` answer; anything missing or inconsistent is a ``ServerError``, not data.
+
+    ``policy``: the model name the request gave, recorded on the ``Generation``.
+    """
     try:
         choice = data["choices"][0]
         logprobs_ = choice["logprobs"]
@@ -409,7 +412,7 @@ def parse_completion(data: Any, *, url: str, max_tokens: int) -> Generation:
             url=url,
             body=str(data),
         )
-    return Generation(token_ids, logprobs, finish)
+    return Generation(token_ids, logprobs, finish, policy)
 
 
 def _find_key(tree: Any, key: str) -> Any:
