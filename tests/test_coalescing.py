@@ -39,15 +39,6 @@ def test_turns_ready_together_go_to_the_generator_in_one_submit_per_turn(tokeniz
     assert gen.waves == [32, 32, 32]  # every env steps in the window, so each turn is one batch
 
 
-def test_without_a_window_each_ready_turn_may_go_on_its_own(tokenizer):
-    gen = spy(tokenizer)
-    batch_rollout(
-        seeds(32), ScriptedEnv, ChatMLProcessor(), tokenizer, gen, budgets=Budgets(max_turns=3, max_new_tokens=6),
-        parse_truncated_turns=True, coalesce_s=0.0,
-    )  # fmt: skip
-    assert sum(gen.waves) == 96
-
-
 class Gate:
     """Episode 0's first step waits until every other episode has ended (or 20 s: then the engine held them)."""
 
