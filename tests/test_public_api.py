@@ -38,3 +38,23 @@ def test_public_api_is_pinned():
     )
     for name in trl_env.__all__:
         assert hasattr(trl_env, name)
+
+
+def test_import_is_light():
+    """``import trl_env`` (and what an env worker process imports) loads neither torch nor transformers.
+
+    Each isolated env's worker process imports ``trl_env.isolation``; a torch import there costs seconds of CPU
+    and hundreds of MB per worker. Only ``TransformersGenerator`` needs them, and it loads them when first used.
+    """
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, trl_env, trl_env.isolation, trl_env.integrations.grpo\n"
+        "heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules)\n"
+        "assert not heavy, heavy\n"
+        "assert trl_env.TransformersGenerator.__name__ == 'TransformersGenerator'\n"
+        "assert 'torch' in sys.modules\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

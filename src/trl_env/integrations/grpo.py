@@ -17,7 +17,6 @@ from packaging.version import Version
 from typing_extensions import Unpack
 
 from trl_env.backends.base import Generator, as_generator
-from trl_env.backends.transformers import TransformersGenerator
 from trl_env.backends.vllm_colocate import VLLMColocateGenerator
 from trl_env.backends.vllm_server import VLLMServerGenerator
 from trl_env.env import Env, Seed
@@ -319,6 +318,8 @@ def _make_generator(
         if base_url is not None:
             return VLLMServerGenerator.from_trainer(trainer, base_url=base_url)
         if not getattr(args, "use_vllm", False):
+            from trl_env.backends.transformers import TransformersGenerator  # torch: imported only when used
+
             return TransformersGenerator.from_trainer(trainer)
         if args.vllm_mode == "server":
             return VLLMServerGenerator.from_trainer(trainer, base_url=base_url)
