@@ -7,7 +7,7 @@ worker processes the calls run in parallel across cores. A second pair with a tr
 of isolation (process start, a pipe round trip per call). Prints medians of ``--reps`` interleaved runs and
 the ratios.
 
-    python benchmarks/bench_isolation.py            # ~2.5 min on 2 cores (most of it starting 32 workers)
+    python benchmarks/bench_isolation.py            # 64 episodes x 4 turns x 30 ms: ~1.5 min on 2 cores
 """
 
 from __future__ import annotations
@@ -75,32 +75,40 @@ def run(factory, tokenizer, episodes: int, turns: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--episodes", type=int, default=16)
+    parser.add_argument("--episodes", type=int, default=64)
     parser.add_argument("--turns", type=int, default=4)
-    parser.add_argument("--work-ms", type=float, default=20.0)
+    parser.add_argument("--work-ms", type=float, default=30.0)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--pool", type=int, default=16, help="worker processes per pool (batch_rollout's env_workers)")
+    parser.add_argument("--pool", type=int, default=16, help="idle workers kept (make_rollout_func: env_workers)")
     args = parser.parse_args()
     spin = functools.partial(SpinEnv, work_s=args.work_ms / 1000, turns=args.turns)
     quick = functools.partial(SpinEnv, work_s=0.0, turns=args.turns)
     tokenizer = build_tiny_tokenizer()
-    pool = min(args.pool, args.episodes)  # at most env_workers (16) env calls run at once anyway
-    pools = {"spin": isolated(spin, pool_size=pool), "quick": isolated(quick, pool_size=pool)}
-    for pool in pools.values():  # start the workers once: a trainer keeps its pool across steps
+    pools = {
+        "spin process": isolated(spin, pool_size=args.pool),
+        "quick process": isolated(quick, pool_size=args.pool),
+        "quick warm": isolated(quick, pool_size=args.episodes),  # every episode finds an idle worker
+        "quick cold": isolated(quick, pool_size=0),  # every episode forks a worker, which then exits
+    }
+    for pool in pools.values():  # start each zygote (and the warm pool's workers) once: a trainer keeps them
         run(pool, tokenizer, args.episodes, args.turns)
-    times: dict[str, list[float]] = {k: [] for k in ("spin thread", "spin process", "quick thread", "quick process")}
+    times: dict[str, list[float]] = {k: [] for k in ("spin thread", "quick thread", *pools)}
     for _ in range(args.reps):
-        for name, local in (("spin", spin), ("quick", quick)):
-            times[f"{name} thread"].append(run(local, tokenizer, args.episodes, args.turns))
-            times[f"{name} process"].append(run(pools[name], tokenizer, args.episodes, args.turns))
+        for name, factory in (("spin thread", spin), ("quick thread", quick), *pools.items()):
+            times[name].append(run(factory, tokenizer, args.episodes, args.turns))
     med = {k: statistics.median(v) for k, v in times.items()}
+    calls = args.episodes * (args.turns + 1)
     print(f"{args.episodes} episodes x {args.turns} turns, {args.work_ms:.0f} ms of CPU per env call, "
-          f"{os.cpu_count()} CPUs, {pool} worker processes, medians of {args.reps}")  # fmt: skip
+          f"{os.cpu_count()} CPUs, {args.pool} idle workers kept, medians of {args.reps}")  # fmt: skip
     print("| env | threads (s) | processes (s) | processes / threads |")
     print("| --- | --- | --- | --- |")
     for env in ("spin", "quick"):
         t, p = med[f"{env} thread"], med[f"{env} process"]
         print(f"| {env} | {t:.2f} | {p:.2f} | {p / t:.2f}x |")
+    per_call = (med["quick warm"] - med["quick thread"]) / calls
+    per_fork = (med["quick cold"] - med["quick warm"]) / args.episodes
+    print(f"per env call in a warm worker: +{per_call * 1e6:.0f} us; per worker started (fork, exit): "
+          f"+{per_fork * 1e3:.1f} ms")  # fmt: skip
 
 
 if __name__ == "__main__":

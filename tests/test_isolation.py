@@ -101,3 +101,55 @@ def test_a_killed_worker_leaves_no_working_directory_behind(tokenizer):
     rollouts = run(tokenizer, isolated(CrashEnv, pool_size=0), ["write", "segv", "exit", "ok"])
     assert [r.ending for r in rollouts] == [Ending.ENV_DONE, Ending.ERROR, Ending.ERROR, Ending.ENV_DONE]
     assert leftovers() == before
+
+
+def test_workers_fork_from_one_process_that_imported_the_env_code_once(tokenizer, tmp_path, monkeypatch):
+    """Starting a worker costs a fork, not an interpreter start plus the env's imports (seconds with torch in them)."""
+    import counted_env
+
+    log = tmp_path / "imports"
+    monkeypatch.setenv("TRL_ENV_TEST_IMPORT_LOG", str(log))
+    rollouts = run(tokenizer, isolated(counted_env.CountedEnv, pool_size=0), [str(n) for n in range(6)])
+    workers = {int(tokenizer.decode(r.prompt_ids).split("pid ")[1].split("<")[0]) for r in rollouts}
+    assert len(workers) == 6 and all(r.reward == 1.0 for r in rollouts)
+    importers = {int(line) for line in log.read_text().split()} - {os.getpid()}
+    assert len(importers) == 1 and not importers & workers, (importers, workers)
+
+
+def test_a_busy_worker_ends_with_the_trainer_process(tmp_path):
+    """The trainer killed (SIGKILL: no clean-up runs) while an env call hangs: its worker does not linger."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "trainer.py"
+    script.write_text(
+        "import sys, threading, time\n"
+        f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+        "from helpers import CrashEnv\n"
+        "from trl_env.isolation import isolated\n"
+        "if __name__ == '__main__':\n"
+        "    env = isolated(CrashEnv)()\n"
+        "    _, delta = env.reset('hang')\n"
+        "    threading.Thread(target=env.step, args=('x',), daemon=True).start()\n"
+        "    time.sleep(1)\n"
+        "    print(delta.split('pid ')[1], flush=True)\n"
+        "    time.sleep(300)\n"
+    )
+    trainer = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    worker = int(trainer.stdout.readline())
+    trainer.send_signal(signal.SIGKILL)
+    trainer.wait()
+
+    def running(pid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 20
+    while running(worker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not running(worker)
