@@ -115,7 +115,6 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     from trl_env import Budgets, ChatMLProcessor, VLLMServerGenerator, batch_rollout
-    from trl_env.rollout.engine import COALESCE_S
 
     tokenizer = AutoTokenizer.from_pretrained(C.tiny_model_dir())
     pad = ""
@@ -139,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         gen = VLLMServerGenerator(url, temperature=1.0, extra_body=extra, max_batch=256 if batched else 1)
         g = rec(gen) if rec else gen
         out = batch_rollout(seeds_, PaddedFactory(4), ChatMLProcessor(), tokenizer, g, budgets=budgets,
-                            parse_truncated_turns=True, coalesce_s=COALESCE_S if batched else 0.0)  # fmt: skip
+                            parse_truncated_turns=True, coalesce_s="auto" if batched else 0.0)  # fmt: skip
         gen.close()
         return out, g, gen
 

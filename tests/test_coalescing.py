@@ -79,6 +79,36 @@ def test_a_slow_env_never_holds_back_the_turns_of_the_others(tokenizer):
     assert all(len(r.turns) == 3 for r in rollouts)
 
 
+class SlowSteps(ScriptedEnv):
+    """Each step takes 200 ms plus 6 ms per position in its seed: the turns of one round get ready 6 ms apart."""
+
+    def step(self, action):
+        time.sleep(0.2 + 0.006 * json.loads(self.seed_text)["i"])
+        return super().step(action)
+
+    def reset(self, seed):
+        self.seed_text = seed
+        return super().reset(seed)
+
+
+def test_auto_window_gathers_the_turns_of_slow_envs_into_one_request(tokenizer):
+    """With slow env steps, turns get ready spread over ~40 ms: "auto" holds a third of a step (up to 50 ms)."""
+    specs = [json.dumps({"n": 3, "deltas": ["ok"], "i": i}) for i in range(8)]
+    waves = {}
+    for window in ("auto", 0.01):
+        gen = spy(tokenizer)
+        rollouts = batch_rollout(
+            specs, SlowSteps, ChatMLProcessor(), tokenizer, gen, budgets=Budgets(max_turns=3, max_new_tokens=6),
+            parse_truncated_turns=True, coalesce_s=window, env_workers=8,
+        )  # fmt: skip
+        assert all(len(r.turns) == 3 for r in rollouts), [r.error for r in rollouts]
+        waves[window] = gen.waves
+    assert waves["auto"] == [8, 8, 8], waves  # the first round follows the (instant) resets
+    assert len(waves[0.01]) > 3, waves  # a fixed 10 ms window splits the later rounds
+
+
 def test_a_negative_window_fails_early_naming_the_value(tokenizer):
     with pytest.raises(ConfigError, match="coalesce_s=-1"):
         batch_rollout(seeds(1), ScriptedEnv, ChatMLProcessor(), tokenizer, spy(tokenizer), coalesce_s=-1)
+    with pytest.raises(ConfigError, match="coalesce_s='fast'"):
+        batch_rollout(seeds(1), ScriptedEnv, ChatMLProcessor(), tokenizer, spy(tokenizer), coalesce_s="fast")

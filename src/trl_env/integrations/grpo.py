@@ -147,7 +147,8 @@ def make_rollout_func(
             ``GRPOConfig.max_completion_length``), ``max_context`` (default: the generator's context limit).
         engine: ``EngineOptions``: ``parse_truncated_turns``, ``strict``, ``env_workers``, ``env_timeout``,
             ``env_executor`` (``"process"``: each env in a worker process, see ``trl_env.isolation``),
-            ``env_memory_mb``, ``coalesce_s`` (how long a ready turn waits to be batched with others, 10 ms).
+            ``env_memory_mb``, ``coalesce_s`` (how long a ready turn waits to be batched with others; ``"auto"``: a
+            third of a typical env step, 10 to 50 ms).
         backend: ``BackendOptions``: ``generator`` (a ``Generator`` or ``trainer -> Generator``; default:
             the trainer's model in process with ``use_vllm=False``, a vLLM client with ``vllm_mode="server"``),
             ``base_url`` (vLLM server URL(s); with ``use_vllm=False`` it still selects the server backend),

@@ -10,11 +10,11 @@ import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict
 
 from trl_env.backends.base import Generator
 from trl_env.errors import ConfigError
-from trl_env.rollout.engine import COALESCE_S, check_coalesce
+from trl_env.rollout.engine import check_coalesce
 from trl_env.rollout.episode import check_env_timeout
 from trl_env.rollout.records import Budgets
 
@@ -63,9 +63,10 @@ class EngineOptions:
     process of its own (``trl_env.isolation.isolated``: a segfault, exit or hang ends only its episode)."""
     env_memory_mb: int | None = None
     """With ``env_executor="process"``: each worker's address-space limit in MiB."""
-    coalesce_s: float = COALESCE_S
+    coalesce_s: float | Literal["auto"] = "auto"
     """Most seconds a ready turn waits for the turns being prepared beside it, so that they go to a server as
-    one batched request (``batch_rollout``); 0 sends each turn as soon as it is ready."""
+    one batched request (``batch_rollout``); ``"auto"``: a third of a typical env step, 10 to 50 ms; 0 sends
+    each turn as soon as it is ready."""
 
     def __post_init__(self) -> None:
         check_env_timeout(self.env_timeout)
@@ -119,7 +120,7 @@ class EngineKeywords(TypedDict, total=False):
     env_timeout: float | None
     env_executor: str
     env_memory_mb: int | None
-    coalesce_s: float
+    coalesce_s: float | Literal["auto"]
 
 
 class TranscriptKeywords(TypedDict, total=False):

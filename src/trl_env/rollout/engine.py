@@ -35,7 +35,9 @@ from trl_env.rollout.workers import Workers, drain
 __all__ = ["COALESCE_S", "Budgets", "Ending", "Rollout", "Turn", "batch_rollout"]
 
 COALESCE_S = 0.01
-"""``batch_rollout``'s default ``coalesce_s``: a ready turn waits at most 10 ms for the turns prepared beside it."""
+"""The shortest window of ``coalesce_s="auto"``: a ready turn waits at most 10 ms for the turns prepared beside it."""
+COALESCE_MAX_S = 0.05
+"""The longest window of ``coalesce_s="auto"``, reached when env steps take 150 ms or more."""
 
 Call = Literal["open", "step", "close"]
 
@@ -56,7 +58,7 @@ def batch_rollout(
     strict: bool = False,
     env_workers: int = 16,
     env_timeout: float | None = 300.0,
-    coalesce_s: float = COALESCE_S,
+    coalesce_s: float | Literal["auto"] = "auto",
     on_episode_end: Callable[[int], None] | None = None,
 ) -> list[Rollout]:
     """Run one episode per seed, each with a fresh env from ``env_factory()``, and return them in order.
@@ -85,7 +87,8 @@ def batch_rollout(
         coalesce_s: with a continuous generator, most seconds a ready turn waits for turns still being
             prepared (env steps in flight) so that they reach the generator in one ``submit`` call, which
             ``VLLMServerGenerator`` sends as one batched request; the turns go at once when no env call is
-            under way. 0 hands over every turn as soon as it is ready.
+            under way. ``"auto"`` (the default): a third of a typical env step, from 10 to 50 ms (slow envs'
+            turns arrive spread out, fast envs' in bursts). 0 hands over every turn as soon as it is ready.
         on_episode_end: called with an episode's index as it ends (on the scheduler thread), e.g. for a
             progress bar.
 
@@ -116,12 +119,14 @@ def batch_rollout(
     return engine.run(episodes, list(seeds), env_workers)
 
 
-def check_coalesce(coalesce_s: float) -> None:
+def check_coalesce(coalesce_s: float | Literal["auto"]) -> None:
     """Refuse a ``coalesce_s`` that is not a finite number of seconds >= 0.
 
     Raises:
         ConfigError: naming the value and the fix.
     """
+    if coalesce_s == "auto":
+        return
     if not isinstance(coalesce_s, (int, float)) or not 0 <= coalesce_s < float("inf"):
         raise ConfigError(f"coalesce_s={coalesce_s!r}: give seconds >= 0 (0 sends every turn as soon as it is ready).")
 
@@ -137,8 +142,9 @@ class _Engine:
     parse_truncated_turns: bool
     strict: bool
     env_timeout: float | None
-    coalesce_s: float
+    coalesce_s: float | Literal["auto"]
     on_episode_end: Callable[[int], None] | None
+    _step_s: float = 0.0  # a running average of env step times (for coalesce_s="auto")
 
     def run(self, episodes: list[Episode], seeds: list[Seed | BaseException], env_workers: int) -> list[Rollout]:
         self.workers = Workers(env_workers)
@@ -199,7 +205,18 @@ class _Engine:
             return float("inf") if self._episode_calls() or generating else 0.0
         if not self._episode_calls():
             return 0.0
-        return ready_since + self.coalesce_s - time.monotonic()
+        return ready_since + self._window() - time.monotonic()
+
+    def _window(self) -> float:
+        """``coalesce_s``, or with ``"auto"`` a third of a typical env step, from 10 to 50 ms.
+
+        Turns reach the engine spread over the time their env steps take; holding the first of them for a third
+        of that gathers several into one request at a small cost to each. Fast envs keep the 10 ms floor: their
+        turns come in bursts, which end when no env call is under way.
+        """
+        if self.coalesce_s != "auto":
+            return self.coalesce_s
+        return min(COALESCE_MAX_S, max(COALESCE_S, self._step_s / 3))
 
     def _generate(self, ready: list[Episode]) -> dict[Future[Generation], Episode]:
         now = time.perf_counter()
@@ -294,6 +311,7 @@ class _Engine:
         return ep.ending is None
 
     def _on_step(self, ep: Episode, stepped: Stepped) -> bool:
+        self._step_s += (stepped.env_s - self._step_s) / (8 if self._step_s else 1)  # an average of recent steps
         ep.env, ep.reward = stepped.env, stepped.reward
         if stepped.env_info is not None:
             ep.info["env"] = stepped.env_info
