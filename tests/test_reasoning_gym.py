@@ -222,3 +222,20 @@ def test_grpo_trains_two_steps_on_a_reasoning_gym_dataset(tmp_path, model, token
     assert all(h["env/info/solved_rate"] == 0.0 for h in logged)  # a random tiny model does not add numbers
     assert all(h["env/info/attempts_mean"] == 2.0 for h in logged)  # both answers used, then the env ended
     assert all(h["env/ending_env_done_rate"] == 1.0 for h in logged)
+
+
+def test_trl_env_eval_runs_a_reasoning_gym_dataset_with_the_tiny_model(tmp_path, capsys):
+    from trl_env.tools.cli import main
+
+    out = tmp_path / "eval"
+    status = main(["eval", "--env", "trl_env.integrations.reasoning_gym:ReasoningGymEnv",
+                   "--env-kwargs", json.dumps({"dataset": "chain_sum", "attempts": 2}), "--model", "tiny",
+                   "--n", "2", "--max-turns", "2", "--max-new-tokens", "8", "--parse-truncated-turns",
+                   "--out", str(out)])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert status == 0 and "| episodes | 2 |" in printed and "| error_rate | 0 |" in printed, printed
+    lines = [json.loads(line) for line in (out / "transcripts.jsonl").read_text().splitlines()]
+    assert sorted(line["seed"] for line in lines) == ["0", "1"]
+    for line in lines:  # each episode's problem, as reasoning-gym itself generates it, reached the model
+        question = json.dumps(library_entry("chain_sum", line["seed"])["question"])[1:-1]
+        assert question in json.dumps(line["conversation"])

@@ -109,3 +109,20 @@ def test_textarena_example_training_script_smoke(tmp_path):
 
     summary = textarena_guess.main(["--model", "tiny", "--steps", "2", "--out", str(tmp_path)])
     assert math.isfinite(summary["wall_s"]) and (tmp_path / "transcripts_seed0.jsonl").is_file()
+
+
+def test_trl_env_eval_runs_a_textarena_game_with_the_tiny_model(tmp_path, capsys):
+    import json
+
+    from trl_env.tools.cli import main
+
+    out = tmp_path / "eval"
+    status = main(["eval", "--env", "trl_env.integrations.textarena:TextArenaEnv",
+                   "--env-kwargs", json.dumps({"game": "GuessTheNumber-v0"}), "--model", "tiny", "--n", "2",
+                   "--seed-format", "game-{i}", "--max-turns", "2", "--max-new-tokens", "8",
+                   "--parse-truncated-turns", "--out", str(out)])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert status == 0 and "| episodes | 2 |" in printed and "| error_rate | 0 |" in printed, printed
+    lines = [json.loads(line) for line in (out / "transcripts.jsonl").read_text().splitlines()]
+    assert {line["seed"] for line in lines} == {"game-0", "game-1"}
+    assert all("Guess The Number" in json.dumps(line["conversation"]) for line in lines)  # the game reached the model
