@@ -21,3 +21,17 @@ class CountedEnv:
     def step(self, action):
         self.reward, self.alive = 1.0, False
         return self, "done"
+
+
+def _refuse() -> None:
+    raise ImportError("this env's code cannot be loaded in another process")
+
+
+class Unloadable:
+    """An env factory that pickles but cannot be unpickled: a worker process can never build its envs."""
+
+    def __reduce__(self):
+        return (_refuse, ())
+
+    def __call__(self) -> CountedEnv:
+        return CountedEnv()

@@ -153,3 +153,15 @@ def test_a_busy_worker_ends_with_the_trainer_process(tmp_path):
     while running(worker) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not running(worker)
+
+
+def test_env_code_that_cannot_load_in_a_worker_fails_its_episodes_and_leaves_nothing_behind(tokenizer):
+    import glob
+    import tempfile
+
+    import counted_env
+
+    before = set(glob.glob(f"{tempfile.gettempdir()}/trl_env_worker_*"))
+    rollouts = run(tokenizer, isolated(counted_env.Unloadable()), ["a", "b"])
+    assert all(r.ending is Ending.ERROR and "zygote process" in r.error for r in rollouts), [r.error for r in rollouts]
+    assert set(glob.glob(f"{tempfile.gettempdir()}/trl_env_worker_*")) == before

@@ -201,9 +201,13 @@ class _Worker:
     def __init__(self, zygote: _Zygote) -> None:
         self.zygote = zygote
         self.root = tempfile.mkdtemp(prefix="trl_env_worker_")  # the episodes' working directories; removed by stop()
-        atexit.register(self.stop)  # an idle worker at exit: its last working directory goes too
-        self.pid, self.conn = zygote.fork(self.root)
+        try:
+            self.pid, self.conn = zygote.fork(self.root)
+        except EnvError:  # the zygote is gone (e.g. the env's code could not load there)
+            shutil.rmtree(self.root, ignore_errors=True)
+            raise
         self.exit: int | None = None
+        atexit.register(self.stop)  # an idle worker at exit: its last working directory goes too
 
     def alive(self) -> bool:
         if self.exit is None:
