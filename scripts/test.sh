@@ -4,6 +4,8 @@
 # real vLLM server; set TRL_ENV_SKIP_VLLM=1 to skip that install (those tests then skip).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+free_gb=$(df -Pk . | awk 'NR==2 {print int($4 / 1048576)}')
+echo "[test] ${free_gb} GB free here; a first install of both venvs needs about 6 GB"
 bash scripts/install.sh
 if [ "${TRL_ENV_SKIP_VLLM:-0}" != "1" ]; then
   bash scripts/install_vllm.sh
