@@ -163,5 +163,21 @@ def test_env_code_that_cannot_load_in_a_worker_fails_its_episodes_and_leaves_not
 
     before = set(glob.glob(f"{tempfile.gettempdir()}/trl_env_worker_*"))
     rollouts = run(tokenizer, isolated(counted_env.Unloadable()), ["a", "b"])
-    assert all(r.ending is Ending.ERROR and "zygote process" in r.error for r in rollouts), [r.error for r in rollouts]
+    assert all(r.ending is Ending.ERROR and "did not load" in r.error for r in rollouts), [r.error for r in rollouts]
     assert set(glob.glob(f"{tempfile.gettempdir()}/trl_env_worker_*")) == before
+
+
+def test_env_code_that_cannot_load_is_reported_with_its_cause_and_not_retried_per_episode(tokenizer, monkeypatch):
+    import counted_env
+
+    from trl_env import isolation
+
+    started = []
+    real_init = isolation._Zygote.__init__
+    monkeypatch.setattr(isolation._Zygote, "__init__", lambda self, *a: (started.append(1), real_init(self, *a))[1])
+    factory = isolated(counted_env.Unloadable())
+    rollouts = run(tokenizer, factory, ["a", "b", "c"]) + run(tokenizer, factory, ["d"])
+    assert all("ImportError: this env's code cannot be loaded in another process" in r.error for r in rollouts), [
+        r.error for r in rollouts
+    ]
+    assert len(started) == 1  # one failed load, not one new process per episode

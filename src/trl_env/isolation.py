@@ -12,7 +12,8 @@ them). Workers are reused across episodes (up to ``pool_size`` idle ones are kep
 builds a fresh env with ``env_factory()``, in a fresh working directory.
 
 The factory and everything an env returns cross a process boundary, so they must pickle: pass a
-class or a module-level function, not a lambda.
+class or a module-level function, not a lambda. A factory whose code does not load in the zygote (its module
+raises on import there) fails every episode at once with the zygote's exception; it is not retried.
 
 For a library that is merely not thread-safe (shared global state, no crashes), ``serialized(env_factory)``
 is the cheap answer: every call into its envs holds one lock, so they run one at a time, in this process.
@@ -128,13 +129,20 @@ class _Pool:
         self.env_factory, self.pool_size, self.memory_mb = env_factory, pool_size, memory_mb
         self._idle: list[_Worker] = []
         self._zygote: _Zygote | None = None
+        self._load_error: EnvError | None = None  # the env's code did not load in a new process: it never will
         self._lock = threading.Lock()
 
     def __call__(self) -> ProcessEnv:
         with self._lock:
+            if self._load_error is not None:
+                raise self._load_error
             worker = self._idle.pop() if self._idle else None
             if self._zygote is None or not self._zygote.alive():
-                self._zygote = _Zygote(self.env_factory, self.memory_mb)
+                try:
+                    self._zygote = _Zygote(self.env_factory, self.memory_mb)
+                except EnvError as e:
+                    self._load_error = e
+                    raise
             zygote = self._zygote
         if worker is not None and not worker.alive():
             worker.stop()  # died idle: clean its directories up
@@ -161,14 +169,29 @@ class _Zygote:
     """
 
     def __init__(self, env_factory: Callable[[], Env], memory_mb: int | None) -> None:
+        """Start the zygote and wait until it has loaded the env's code.
+
+        Raises:
+            EnvError: the env factory did not load in a new interpreter, with the zygote's exception.
+        """
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()  # a Unix socket pair: it also carries the workers' pipe ends
-        self.process = context.Process(
-            target=_zygote, args=(child, env_factory, memory_mb), name="trl-env-env-zygote", daemon=True
+        self.process = context.Process(  # the factory goes pickled: the zygote reports if it cannot load it
+            target=_zygote, args=(child, pickle.dumps(env_factory), memory_mb), name="trl-env-env-zygote", daemon=True
         )
         self.process.start()
         child.close()
         self._lock = threading.Lock()
+        try:
+            failure = self.conn.recv()
+        except (EOFError, OSError) as e:
+            failure = f"the process ended ({e!r})"
+        if failure is not None:
+            self.process.join(5.0)
+            raise EnvError(
+                f"isolated({env_factory!r:.80}): the env's code did not load in a new process: {failure}. The "
+                "factory's module must import in a fresh interpreter (the worker processes are spawned)."
+            )
 
     def alive(self) -> bool:
         return self.process.is_alive()
@@ -203,7 +226,7 @@ class _Worker:
         self.root = tempfile.mkdtemp(prefix="trl_env_worker_")  # the episodes' working directories; removed by stop()
         try:
             self.pid, self.conn = zygote.fork(self.root)
-        except EnvError:  # the zygote is gone (e.g. the env's code could not load there)
+        except EnvError:  # the zygote is gone (killed, say)
             shutil.rmtree(self.root, ignore_errors=True)
             raise
         self.exit: int | None = None
@@ -294,8 +317,17 @@ class ProcessEnv:
         self._pool.give_back(self._worker)
 
 
-def _zygote(conn: Connection, env_factory: Callable[[], Env], memory_mb: int | None) -> None:
-    """The zygote's loop: fork a worker, or say how one ended; on the trainer's death, kill the workers and exit."""
+def _zygote(conn: Connection, factory: bytes, memory_mb: int | None) -> None:
+    """Load the env factory (say ``None``, or why not); then fork a worker, or say how one ended, on request.
+
+    On the trainer's death, kill the workers and exit.
+    """
+    try:
+        env_factory = pickle.loads(factory)
+    except BaseException as e:  # noqa: BLE001  # whatever the env's module raises on import, the trainer hears it
+        conn.send(f"{type(e).__name__}: {e}")
+        return
+    conn.send(None)
     ended: dict[int, int] = {}
     workers: set[int] = set()
 
