@@ -181,3 +181,11 @@ def test_env_code_that_cannot_load_is_reported_with_its_cause_and_not_retried_pe
         r.error for r in rollouts
     ]
     assert len(started) == 1  # one failed load, not one new process per episode
+
+
+def test_stopped_workers_leave_no_exit_hooks_behind(tokenizer):
+    import atexit
+
+    before = atexit._ncallbacks()
+    run(tokenizer, isolated(CrashEnv, pool_size=0), ["ok"] * 4)  # pool_size=0: each worker stops after its episode
+    assert atexit._ncallbacks() == before

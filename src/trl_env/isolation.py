@@ -257,6 +257,7 @@ class _Worker:
             self.exit = self.zygote.exitcode(self.pid, 5.0)  # reaped: no zombie left behind
         self.conn.close()
         shutil.rmtree(self.root, ignore_errors=True)
+        atexit.unregister(self.stop)
 
 
 def _death(code: int | None) -> str:
