@@ -183,9 +183,15 @@ def test_env_code_that_cannot_load_is_reported_with_its_cause_and_not_retried_pe
     assert len(started) == 1  # one failed load, not one new process per episode
 
 
-def test_stopped_workers_leave_no_exit_hooks_behind(tokenizer):
-    import atexit
+def test_stopped_workers_are_not_kept_alive_by_their_exit_hooks(tokenizer):
+    import gc
 
-    before = atexit._ncallbacks()
+    from trl_env.isolation import _Worker
+
+    def workers():
+        gc.collect()
+        return sum(isinstance(o, _Worker) for o in gc.get_objects())
+
+    before = workers()
     run(tokenizer, isolated(CrashEnv, pool_size=0), ["ok"] * 4)  # pool_size=0: each worker stops after its episode
-    assert atexit._ncallbacks() == before
+    assert workers() == before
