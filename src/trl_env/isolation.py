@@ -129,19 +129,19 @@ class _Pool:
         self.env_factory, self.pool_size, self.memory_mb = env_factory, pool_size, memory_mb
         self._idle: list[_Worker] = []
         self._zygote: _Zygote | None = None
-        self._load_error: EnvError | None = None  # the env's code did not load in a new process: it never will
+        self._load_error: str | None = None  # the env's code did not load in a new process: it never will
         self._lock = threading.Lock()
 
     def __call__(self) -> ProcessEnv:
         with self._lock:
             if self._load_error is not None:
-                raise self._load_error
+                raise EnvError(self._load_error)
             worker = self._idle.pop() if self._idle else None
             if self._zygote is None or not self._zygote.alive():
                 try:
                     self._zygote = _Zygote(self.env_factory, self.memory_mb)
                 except EnvError as e:
-                    self._load_error = e
+                    self._load_error = str(e)
                     raise
             zygote = self._zygote
         if worker is not None and not worker.alive():
@@ -185,7 +185,7 @@ class _Zygote:
         try:
             failure = self.conn.recv()
         except (EOFError, OSError) as e:
-            failure = f"the process ended ({e!r})"
+            failure = f"the process ended ({e!r}; its traceback is on stderr)"
         if failure is not None:
             self.process.join(5.0)
             raise EnvError(
