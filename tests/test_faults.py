@@ -261,6 +261,44 @@ def test_a_server_gone_mid_run_ends_the_rollout_with_errors_naming_the_url_in_bo
     assert len(gone) == 32 and all(proxy.url in r.error and "failed 3 times" in r.error for r in gone)
 
 
+def test_a_data_parallel_server_gone_mid_run_costs_no_episode_its_turns_go_to_the_live_one(
+    vllm_server, vllm_tiny_model
+):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(vllm_tiny_model)
+    with FaultProxy(vllm_server.base_url, {}) as doomed, FaultProxy(vllm_server.base_url, {}) as live:
+        gen = VLLMServerGenerator([doomed.url, live.url], retries=2, backoff=0.1, timeout=5, max_batch=4)
+        threading.Timer(1.0, doomed.kill).start()  # one of the two servers disappears after 1 s
+
+        class Slow:  # ends after 12 steps: only a lost request can end an episode earlier
+            reward, alive = 0.0, True
+
+            def reset(self, seed):
+                self.steps = 0
+                return self, f"episode {seed}"
+
+            def step(self, action):
+                time.sleep(0.2)
+                self.steps += 1
+                self.alive = self.steps < 12
+                return self, "more"
+
+        rollouts = batch_rollout(
+            [str(i) for i in range(6000, 6032)],
+            Slow,
+            ChatMLProcessor(),
+            tokenizer,
+            gen,
+            budgets=Budgets(max_turns=30, max_new_tokens=4),
+            parse_truncated_turns=True,
+        )
+    check_rows(rollouts)
+    assert doomed.dead and doomed.forwarded > 0 and live.forwarded > doomed.forwarded  # both served, then one
+    assert [r.error for r in rollouts if r.error] == []
+    assert all(len(r.turns) == 12 and r.ending is Ending.ENV_DONE for r in rollouts)
+
+
 def test_trl_keeps_failed_rows_out_of_the_group_statistics_and_the_loss(tmp_path, model, tokenizer):
     """TRL 1.16: a reward of None becomes NaN, is left out of the group mean/std, and gets advantage 0."""
     from datasets import Dataset

@@ -157,6 +157,32 @@ def test_requests_go_to_the_least_loaded_server():
     assert counts == dict.fromkeys(urls, 4)  # 3 prompts each, then one more each
 
 
+def test_a_request_that_fails_on_one_server_is_retried_on_another_and_later_requests_avoid_the_failed_one():
+    calls = []
+
+    def post(url, json, timeout):
+        calls.append(url.rsplit("/v1", 1)[0])
+        if calls[-1] == "http://127.0.0.1:1":
+            raise requests.ConnectionError("refused")
+        return Response(payload=echo(json))
+
+    gen = make(post, urls=["http://127.0.0.1:1", "http://127.0.0.1:2"], retries=1, backoff=5.0)
+    started = time.monotonic()
+    results = [gen.submit([GenerationRequest([5, i], 8, (2,))])[0].result() for i in range(4)]
+    assert [g.token_ids for g in results] == [[100 + i, 2] for i in range(4)]
+    assert calls == ["http://127.0.0.1:1"] + ["http://127.0.0.1:2"] * 4  # one failed attempt in all
+    assert time.monotonic() - started < 2.5  # no backoff before trying another server (backoff=5 s)
+
+
+def test_a_request_that_every_server_fails_names_them_all():
+    def post(url, json, timeout):
+        return Response(503, text="overloaded")
+
+    gen = make(post, urls=["http://127.0.0.1:1", "http://127.0.0.1:2"], retries=2)
+    with pytest.raises(ServerError, match=r"127.0.0.1:1/v1/completions, http://127.0.0.1:2/v1/completions failed 3"):
+        gen.submit([request()])[0].result()
+
+
 def test_turns_submitted_together_go_as_one_request_and_answers_reach_their_own_episode():
     bodies = []
 

@@ -9,7 +9,8 @@ order): the engine hands over every turn that became ready together, so the per-
 paid once per batch, not once per episode. Requests run on a pool of ``max_in_flight`` threads over one
 pooled HTTP session, so batches are in flight independently and the server batches them further
 (continuous batching). Several base URLs are data-parallel servers: a batch is split between them, and
-each part goes to the server with the fewest prompts in flight.
+each part goes to the server with the fewest prompts in flight. A request that fails on a server (connection
+error, timeout, 5xx) is retried on another one at once, and requests avoid that server for a few seconds.
 """
 
 from __future__ import annotations
@@ -134,6 +135,7 @@ class VLLMServerGenerator(GeneratorBase):
         self._pool = ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="trl-env-http")
         self._lock = threading.Lock()
         self._in_flight = dict.fromkeys(self.urls, 0)
+        self._failed_at = dict.fromkeys(self.urls, -math.inf)  # when a request last failed there (monotonic s)
         self._context_limit: int | None = None
         self.served_model = self._discover_model(connect_timeout, model)
         self.model = self.served_model
@@ -208,9 +210,8 @@ class VLLMServerGenerator(GeneratorBase):
             **self.sampling,
             **self.extra_body,
         }
-        url = self._acquire(len(members))
         try:
-            data = self._post_json(f"{url}/v1/completions", body)
+            url, data = self._post_json("/v1/completions", body, prompts=len(members))
         except ServerError as e:
             if len(members) > 1 and e.status_code is not None and e.status_code < 500:
                 for member in members:
@@ -219,9 +220,6 @@ class VLLMServerGenerator(GeneratorBase):
             for _, future in members:
                 future.set_exception(e)
             return
-        finally:
-            with self._lock:
-                self._in_flight[url] -= len(members)
         results = parse_completions(data, url=url, requests=[r for r, _ in members], policy=model)
         for (_, future), result in zip(members, results, strict=True):
             if isinstance(result, Generation):
@@ -229,44 +227,63 @@ class VLLMServerGenerator(GeneratorBase):
             else:
                 future.set_exception(result)
 
-    def _acquire(self, prompts: int) -> str:
+    def _acquire(self, prompts: int, tried: Sequence[str]) -> str:
+        """The server for a request: one it has not failed on, then one no request failed on lately, then least loaded.
+
+        "Lately": in the last 5 s. Load is counted in prompts in flight. With every server failed, any will do.
+        """
         with self._lock:
-            url = min(self.urls, key=lambda u: self._in_flight[u])  # least loaded, in prompts
+            now = time.monotonic()
+            url = min(self.urls, key=lambda u: (u in tried, self._failed_at[u] > now - 5.0, self._in_flight[u]))
             self._in_flight[url] += prompts
         return url
 
-    def _post_json(self, url: str, body: dict[str, Any]) -> Any:
-        response = self._post_ok(url, body)
+    def _post_json(self, path: str, body: dict[str, Any], *, prompts: int) -> tuple[str, Any]:
+        url, response = self._post_ok(path, body, prompts=prompts)
         try:
-            return response.json()
+            return url, response.json()
         except ValueError as e:
             raise ServerError(f"{url} answered with invalid JSON: {response.text[:300]!r}", url=url) from e
 
-    def _post_ok(self, url: str, body: dict[str, Any]) -> Any:
-        """POST with retries on connection errors, timeouts and 5xx; other non-200 answers fail at once."""
+    def _post_ok(self, path: str, body: dict[str, Any], *, url: str | None = None, prompts: int = 0) -> Any:
+        """POST to ``url``, or to the server ``_acquire`` picks; return the server and its 200 answer.
+
+        Connection errors, timeouts and 5xx answers are retried, on another server where there is one (a
+        data-parallel server that dies costs its requests one failed attempt each, not their episodes), with
+        exponential backoff once every server has failed this request. Other non-200 answers fail at once.
+        """
+        tried: list[str] = []
         last: str = ""
         for attempt in range(self.retries + 1):
-            if attempt:
+            if attempt and (url is not None or len(set(tried)) >= len(self.urls)):
                 time.sleep(self.backoff * 2 ** (attempt - 1) * (0.5 + random.random()))  # noqa: S311  # jitter
+            target = url or self._acquire(prompts, tried)
             try:
-                response = self._post(url, json=body, timeout=self.timeout)
+                response = self._post(f"{target}{path}", json=body, timeout=self.timeout)
             except (requests.ConnectionError, requests.Timeout) as e:
                 last = f"{type(e).__name__}: {e}"
-                continue
-            if response.status_code >= 500:
+            else:
+                if response.status_code < 500:
+                    if response.status_code != 200:
+                        raise ServerError(
+                            f"{target}{path} answered HTTP {response.status_code}: {response.text[:500]}",
+                            url=target,
+                            status_code=response.status_code,
+                            body=response.text,
+                        )
+                    return target, response
                 last = f"HTTP {response.status_code}: {response.text[:300]}"
-                continue
-            if response.status_code != 200:
-                raise ServerError(
-                    f"{url} answered HTTP {response.status_code}: {response.text[:500]}",
-                    url=url,
-                    status_code=response.status_code,
-                    body=response.text,
-                )
-            return response
+            finally:
+                if url is None:
+                    with self._lock:
+                        self._in_flight[target] -= prompts
+            tried.append(target)
+            with self._lock:
+                self._failed_at[target] = time.monotonic()
+        where = ", ".join(f"{u}{path}" for u in dict.fromkeys(tried))
         raise ServerError(
-            f"{url} failed {self.retries + 1} times; last: {last}. Is the vLLM server running and reachable?",
-            url=url,
+            f"{where} failed {self.retries + 1} times; last: {last}. Is the vLLM server running and reachable?",
+            url=tried[-1],
         )
 
     # -- policy sync through LoRA adapters (no NCCL, no CUDA) -------------------------------------
@@ -294,9 +311,9 @@ class VLLMServerGenerator(GeneratorBase):
             path = os.path.abspath(os.path.join(adapter_dir, name))
             model.save_pretrained(path)
             for url in self.urls:
-                self._post_ok(f"{url}/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+                self._post_ok("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}, url=url)
                 if self.model != self.served_model:
-                    self._post_ok(f"{url}/v1/unload_lora_adapter", {"lora_name": self.model})
+                    self._post_ok("/v1/unload_lora_adapter", {"lora_name": self.model}, url=url)
         accelerator.wait_for_everyone()
         self.model, self._lora_step = name, step
 
