@@ -245,7 +245,7 @@ class VLLMServerGenerator(GeneratorBase):
         except ValueError as e:
             raise ServerError(f"{url} answered with invalid JSON: {response.text[:300]!r}", url=url) from e
 
-    def _post_ok(self, path: str, body: dict[str, Any], *, url: str | None = None, prompts: int = 0) -> Any:
+    def _post_ok(self, path: str, body: dict[str, Any], *, url: str | None = None, prompts: int = 0) -> tuple[str, Any]:
         """POST to ``url``, or to the server ``_acquire`` picks; return the server and its 200 answer.
 
         Connection errors, timeouts and 5xx answers are retried, on another server where there is one (a
