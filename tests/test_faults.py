@@ -224,6 +224,40 @@ def test_1000_episodes_with_injected_faults_against_the_real_vllm_server(vllm_se
     assert sum(proxy.injected.values()) > 100
 
 
+class SlowEnv:
+    """Each step takes 0.2 s; it ends after ``steps`` steps (never, with None): a lost request ends it sooner."""
+
+    steps: int | None = None
+
+    def __init__(self) -> None:
+        self.reward, self.alive, self.done = 0.0, True, 0
+
+    def reset(self, seed):
+        return self, f"episode {seed}"
+
+    def step(self, action):
+        time.sleep(0.2)
+        self.done += 1
+        self.alive = self.steps is None or self.done < self.steps
+        return self, "more"
+
+
+class TwelveSteps(SlowEnv):
+    steps = 12
+
+
+def slow_rollouts(tokenizer, gen, env_factory, first_seed):
+    return batch_rollout(
+        [str(i) for i in range(first_seed, first_seed + 32)],
+        env_factory,
+        ChatMLProcessor(),
+        tokenizer,
+        gen,
+        budgets=Budgets(max_turns=30, max_new_tokens=4),
+        parse_truncated_turns=True,
+    )
+
+
 def test_a_server_gone_mid_run_ends_the_rollout_with_errors_naming_the_url_in_bounded_time(
     vllm_server, vllm_tiny_model
 ):
@@ -234,27 +268,8 @@ def test_a_server_gone_mid_run_ends_the_rollout_with_errors_naming_the_url_in_bo
     proxy.__enter__()
     gen = VLLMServerGenerator(proxy.url, retries=2, backoff=0.1, timeout=5)
     threading.Timer(1.0, proxy.kill).start()  # the server disappears after 1 s
-
-    class Slow:  # never ends by itself: only the server going away ends these episodes
-        reward, alive = 0.0, True
-
-        def reset(self, seed):
-            return self, f"episode {seed}"
-
-        def step(self, action):
-            time.sleep(0.2)
-            return self, "more"
-
     started = time.perf_counter()
-    rollouts = batch_rollout(
-        [str(i) for i in range(5000, 5032)],
-        Slow,
-        ChatMLProcessor(),
-        tokenizer,
-        gen,
-        budgets=Budgets(max_turns=30, max_new_tokens=4),
-        parse_truncated_turns=True,
-    )
+    rollouts = slow_rollouts(tokenizer, gen, SlowEnv, 5000)  # never ends by itself: only the server going away does
     assert time.perf_counter() - started < 30
     check_rows(rollouts)
     gone = [r for r in rollouts if r.info.get("error_kind") == "server_error"]
@@ -270,29 +285,7 @@ def test_a_data_parallel_server_gone_mid_run_costs_no_episode_its_turns_go_to_th
     with FaultProxy(vllm_server.base_url, {}) as doomed, FaultProxy(vllm_server.base_url, {}) as live:
         gen = VLLMServerGenerator([doomed.url, live.url], retries=2, backoff=0.1, timeout=5, max_batch=4)
         threading.Timer(1.0, doomed.kill).start()  # one of the two servers disappears after 1 s
-
-        class Slow:  # ends after 12 steps: only a lost request can end an episode earlier
-            reward, alive = 0.0, True
-
-            def reset(self, seed):
-                self.steps = 0
-                return self, f"episode {seed}"
-
-            def step(self, action):
-                time.sleep(0.2)
-                self.steps += 1
-                self.alive = self.steps < 12
-                return self, "more"
-
-        rollouts = batch_rollout(
-            [str(i) for i in range(6000, 6032)],
-            Slow,
-            ChatMLProcessor(),
-            tokenizer,
-            gen,
-            budgets=Budgets(max_turns=30, max_new_tokens=4),
-            parse_truncated_turns=True,
-        )
+        rollouts = slow_rollouts(tokenizer, gen, TwelveSteps, 6000)
     check_rows(rollouts)
     assert doomed.dead and doomed.forwarded > 0 and live.forwarded > doomed.forwarded  # both served, then one
     assert [r.error for r in rollouts if r.error] == []
