@@ -42,7 +42,7 @@ link_torch() {
 import importlib.metadata as m, os, pathlib, shutil, sys
 target, version = pathlib.Path(sys.argv[1]), sys.argv[2]
 dist = m.distribution("torch")
-if dist.version != f"{version}+cpu" or sys.version_info[:2] != (3, int(target.parent.name.split(".")[1])):
+if dist.version != f"{version}+cpu" or target.parent.name != f"python{sys.version_info[0]}.{sys.version_info[1]}":
     sys.exit(1)
 files = [f for f in dist.files if f.parts[0] != ".."]  # not bin/'s scripts: their first line names .venv's Python
 try:

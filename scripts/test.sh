@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 free_gb=$(df -Pk . | awk 'NR==2 {print int($4 / 1048576)}')
-echo "[test] ${free_gb} GB free here; a first install of both venvs needs about 6 GB"
+echo "[test] ${free_gb} GB free here; both venvs take about 5 GB, and pip needs ~1 GB more while it installs"
 bash scripts/install.sh
 if [ "${TRL_ENV_SKIP_VLLM:-0}" != "1" ]; then
   bash scripts/install_vllm.sh

@@ -155,19 +155,12 @@ def test_a_busy_worker_ends_with_the_trainer_process(tmp_path):
     assert not running(worker)
 
 
-def test_env_code_that_cannot_load_in_a_worker_fails_its_episodes_and_leaves_nothing_behind(tokenizer):
+def test_env_code_that_cannot_load_fails_every_episode_with_its_cause_once_and_leaves_nothing_behind(
+    tokenizer, monkeypatch
+):
     import glob
     import tempfile
 
-    import counted_env
-
-    before = set(glob.glob(f"{tempfile.gettempdir()}/trl_env_worker_*"))
-    rollouts = run(tokenizer, isolated(counted_env.Unloadable()), ["a", "b"])
-    assert all(r.ending is Ending.ERROR and "did not load" in r.error for r in rollouts), [r.error for r in rollouts]
-    assert set(glob.glob(f"{tempfile.gettempdir()}/trl_env_worker_*")) == before
-
-
-def test_env_code_that_cannot_load_is_reported_with_its_cause_and_not_retried_per_episode(tokenizer, monkeypatch):
     import counted_env
 
     from trl_env import isolation
@@ -175,12 +168,13 @@ def test_env_code_that_cannot_load_is_reported_with_its_cause_and_not_retried_pe
     started = []
     real_init = isolation._Zygote.__init__
     monkeypatch.setattr(isolation._Zygote, "__init__", lambda self, *a: (started.append(1), real_init(self, *a))[1])
+    before = set(glob.glob(f"{tempfile.gettempdir()}/trl_env_worker_*"))
     factory = isolated(counted_env.Unloadable())
     rollouts = run(tokenizer, factory, ["a", "b", "c"]) + run(tokenizer, factory, ["d"])
-    assert all("ImportError: this env's code cannot be loaded in another process" in r.error for r in rollouts), [
-        r.error for r in rollouts
-    ]
+    cause = "did not load in a new process: ImportError: this env's code cannot be loaded in another process"
+    assert all(r.ending is Ending.ERROR and cause in r.error for r in rollouts), [r.error for r in rollouts]
     assert len(started) == 1  # one failed load, not one new process per episode
+    assert set(glob.glob(f"{tempfile.gettempdir()}/trl_env_worker_*")) == before
 
 
 def test_stopped_workers_are_not_kept_alive_by_their_exit_hooks(tokenizer):

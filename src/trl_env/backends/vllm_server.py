@@ -39,6 +39,8 @@ from trl_env.backends.base import (
 from trl_env.errors import ConfigError, ServerError
 
 logger = logging.getLogger(__name__)
+AVOID_FAILED_S = 5.0
+"""Seconds during which requests prefer other servers to one that a request just failed on."""
 
 PostFn = Callable[..., Any]
 """``post(url, json=..., timeout=...) -> response`` with ``.status_code``, ``.text``, ``.json()`` (requests' shape)."""
@@ -230,11 +232,12 @@ class VLLMServerGenerator(GeneratorBase):
     def _acquire(self, prompts: int, tried: Sequence[str]) -> str:
         """The server for a request: one it has not failed on, then one no request failed on lately, then least loaded.
 
-        "Lately": in the last 5 s. Load is counted in prompts in flight. With every server failed, any will do.
+        "Lately": in the last ``AVOID_FAILED_S`` seconds. Load is counted in prompts in flight. With every server
+        failed, any will do.
         """
         with self._lock:
-            now = time.monotonic()
-            url = min(self.urls, key=lambda u: (u in tried, self._failed_at[u] > now - 5.0, self._in_flight[u]))
+            recent = time.monotonic() - AVOID_FAILED_S
+            url = min(self.urls, key=lambda u: (u in tried, self._failed_at[u] > recent, self._in_flight[u]))
             self._in_flight[url] += prompts
         return url
 
@@ -261,22 +264,21 @@ class VLLMServerGenerator(GeneratorBase):
             try:
                 response = self._post(f"{target}{path}", json=body, timeout=self.timeout)
             except (requests.ConnectionError, requests.Timeout) as e:
-                last = f"{type(e).__name__}: {e}"
-            else:
-                if response.status_code < 500:
-                    if response.status_code != 200:
-                        raise ServerError(
-                            f"{target}{path} answered HTTP {response.status_code}: {response.text[:500]}",
-                            url=target,
-                            status_code=response.status_code,
-                            body=response.text,
-                        )
-                    return target, response
-                last = f"HTTP {response.status_code}: {response.text[:300]}"
+                response, last = None, f"{type(e).__name__}: {e}"
             finally:
-                if url is None:
-                    with self._lock:
-                        self._in_flight[target] -= prompts
+                with self._lock:
+                    self._in_flight[target] -= prompts  # 0 where ``url`` was given: nothing was acquired
+            if response is not None and response.status_code == 200:
+                return target, response
+            if response is not None and response.status_code < 500:
+                raise ServerError(
+                    f"{target}{path} answered HTTP {response.status_code}: {response.text[:500]}",
+                    url=target,
+                    status_code=response.status_code,
+                    body=response.text,
+                )
+            if response is not None:
+                last = f"HTTP {response.status_code}: {response.text[:300]}"
             tried.append(target)
             with self._lock:
                 self._failed_at[target] = time.monotonic()
