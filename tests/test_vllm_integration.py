@@ -6,6 +6,7 @@ Needs .venv-vllm (`bash scripts/install_vllm.sh`); skipped without it unless TRL
 from __future__ import annotations
 
 import json
+import zlib
 
 import requests
 import torch
@@ -118,7 +119,9 @@ def test_grpo_with_lora_hot_sync_samples_each_step_from_that_steps_adapter(vllm_
     trainer = GRPOTrainer(
         model=model,
         processing_class=tokenizer,
-        reward_funcs=lambda completions, env_reward, **kw: env_reward,
+        # A reward that differs between samples (a hash of the text): every group has nonzero advantages, so every
+        # step changes the adapter (with the env's reward, a group of equal rewards left the policy unchanged).
+        reward_funcs=lambda completions, **kw: [zlib.crc32(str(c).encode()) % 1000 / 1000 for c in completions],
         train_dataset=Dataset.from_dict({"prompt": seeds}),
         rollout_func=rollout_func,
         peft_config=LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], lora_dropout=0.0),
@@ -137,13 +140,18 @@ def test_grpo_with_lora_hot_sync_samples_each_step_from_that_steps_adapter(vllm_
             logging_steps=1,
         ),
     )
-    trainer.train()
+    try:
+        trainer.train()
+        served = {card["id"] for card in requests.get(f"{vllm_server.base_url}/v1/models", timeout=10).json()["data"]}
+    finally:  # the server is shared by the session's tests: leave no adapter loaded, whatever happened
+        for step in range(3):
+            requests.post(
+                f"{vllm_server.base_url}/v1/unload_lora_adapter", json={"lora_name": f"trl-env-step-{step}"}, timeout=10
+            )
     print("step, max |served - adapter recompute|, max |served - base|:", checks)
     assert [step for step, _, _ in checks] == [0, 1, 2]
     for step, adapter_gap, base_gap in checks:
         assert adapter_gap < TOL, f"step {step}: served logprobs are not step {step}'s adapter ({adapter_gap})"
         if step > 0:
             assert base_gap > 10 * TOL, f"step {step}: the adapter did not change the policy ({base_gap})"
-    served = {card["id"] for card in requests.get(f"{vllm_server.base_url}/v1/models", timeout=10).json()["data"]}
     assert "trl-env-step-2" in served and "trl-env-step-1" not in served  # the previous adapter was unloaded
-    requests.post(f"{vllm_server.base_url}/v1/unload_lora_adapter", json={"lora_name": "trl-env-step-2"}, timeout=10)
