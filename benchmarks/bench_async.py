@@ -154,7 +154,7 @@ def run_async(base_url: str, model_dir: str, opts: Any, workdir: Path) -> dict[s
     waits = [float(h.get("perf/rollout_wait_s", 0.0)) for h in logs][: len(steps)]
     staleness = [float(h.get("sample/staleness_mean", 0.0)) for h in logs]
     return dict(step_s=steps, wait_s=waits, idle=[w / s for w, s in zip(waits, steps)], staleness=staleness,
-                dropped_stale=worker.counts["dropped_stale"])  # fmt: skip
+                dropped_stale=worker.counts["dropped_stale"] + worker.counts["evicted"])  # fmt: skip
 
 
 def median(values: list[float]) -> float:

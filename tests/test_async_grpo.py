@@ -223,6 +223,17 @@ def consume(worker, *, steps, batch, max_staleness, bump=1, stale_after_s=30.0, 
     return batches, dropped, metrics, leftovers
 
 
+FATES = ("pushed", "dropped_stale", "failed", "untrainable", "truncated_masked", "dropped_unscored", "stopped")
+
+
+def assert_counts_add_up(worker, *, read, left):
+    """Every episode has exactly one fate in ``worker.counts``; every pushed row was ``read``, evicted or ``left``."""
+    counts = dict(worker.counts)
+    assert counts["episodes"] == sum(counts.get(k, 0) for k in FATES), counts
+    assert counts["groups"] == len(worker.groups)
+    assert counts.get("pushed", 0) == read + counts.get("evicted", 0) + left, counts
+
+
 def turn_runs(sample):
     """(start, end) of each run of trained positions."""
     mask = sample.completion_mask.tolist()
@@ -334,6 +345,8 @@ def test_advantages_exclude_failed_episodes_which_are_counted_not_pushed(tokeniz
     records = {r.group_id: r for r in worker.groups}
     checked = 0
     for group_id, record in records.items():
+        if not record.complete:
+            continue  # cut short by stop()
         group = [s for s in samples if s.group_id == group_id]
         failed = record.endings.count("error")
         assert record.pushed == 4 - failed  # failed episodes are never pushed
@@ -346,11 +359,11 @@ def test_advantages_exclude_failed_episodes_which_are_counted_not_pushed(tokeniz
         assert all(s.metrics["reward_std"] == pytest.approx(rewards.std()) for s in group)
         checked += 1
     assert checked >= 3
-    assert worker.counts["failed"] > 0 and worker.counts["failed"] == sum(
-        r.endings.count("error") for r in records.values()
-    )
+    scored = [r for r in records.values() if r.stopped < len(r.endings)]  # a group stopped unscored: all stopped
+    assert worker.counts["failed"] > 0 and worker.counts["failed"] == sum(r.endings.count("error") for r in scored)
+    assert_counts_add_up(worker, read=sum(map(len, batches)) + dropped, left=len(leftovers))
     reduced = reduce_metrics(metrics)
-    assert reduced["rollout/failed_frac"] == pytest.approx(worker.counts["failed"] / worker.counts["episodes"])
+    assert reduced["rollout/failed_frac"] == pytest.approx(worker.counts["failed"] / reduced["rollout/episodes_total"])
     assert reduced["env/error_env_exception_rate"] > 0
 
 
@@ -374,19 +387,25 @@ def test_unscored_episodes_get_advantage_zero_or_are_dropped(tokenizer):
 
 
 def test_rows_without_a_trained_token_or_with_a_nan_logprob_are_never_pushed(tokenizer):
-    rollouts = []
+    groups = []
     seeds = [json.dumps({"n": 0, "deltas": ["over before it starts"]}), *scripted_seeds(n=2, turns=2)]
     worker = make_worker(tokenizer, gen=PolicyGenerator(tokenizer, nan_every=7), seeds=seeds,
-                         on_group=lambda record, rs: rollouts.extend(rs if record.complete else []))  # fmt: skip
+                         on_group=lambda record, rs: groups.append((record, rs)))  # fmt: skip
     batches, dropped, _, leftovers = consume(worker, steps=3, batch=4, max_staleness=1)
     worker.stop()
     samples = [s for b in batches for _, s in b] + leftovers
     assert all(np.isfinite(s.old_log_probs).all() and s.completion_mask.sum() > 0 for s in samples)
-    placeholders = sum(bool(r.info.get("placeholder")) for r in rollouts)
-    with_nan = sum(any(math.isnan(x) for x in r.logprobs) for r in rollouts)
-    assert placeholders >= 4 and with_nan >= 1
-    assert worker.counts["untrainable"] == placeholders + with_nan
-    assert worker.counts["pushed"] == len(rollouts) - placeholders - with_nan
+
+    def untrainable(rs):
+        return sum(bool(r.info.get("placeholder")) or any(math.isnan(x) for x in r.logprobs) for r in rs)
+
+    # A group with stopped < its size was scored; one stopped whole was not, or had no untrainable episode.
+    scored = [(record, rs) for record, rs in groups if record.stopped < len(rs)]
+    assert sum(bool(r.info.get("placeholder")) for _, rs in scored for r in rs) >= 4
+    assert sum(any(math.isnan(x) for x in r.logprobs) for _, rs in scored for r in rs) >= 1
+    assert worker.counts["untrainable"] == sum(untrainable(rs) for _, rs in scored)
+    assert all(record.pushed == len(rs) - untrainable(rs) for record, rs in groups if record.complete)
+    assert_counts_add_up(worker, read=sum(map(len, batches)) + dropped, left=len(leftovers))
 
 
 def test_worker_drops_stale_samples_itself_and_tags_the_oldest_turn_version(tokenizer):
@@ -395,9 +414,10 @@ def test_worker_drops_stale_samples_itself_and_tags_the_oldest_turn_version(toke
     worker = make_worker(tokenizer, gen=gen, max_staleness=1, max_inflight_groups=3)
     batches, dropped, metrics, leftovers = consume(worker, steps=6, batch=4, max_staleness=1, bump=2, train_s=0.03)
     assert dropped == 0  # the worker dropped every stale sample before the consumer could see it
-    assert worker.counts["dropped_stale"] > 0
+    assert worker.counts["dropped_stale"] + worker.counts["evicted"] > 0
     reduced = reduce_metrics(metrics)
-    assert reduced["rollout/dropped_stale_total"] == worker.counts["dropped_stale"]
+    assert reduced["rollout/dropped_stale_total"] == worker.counts["dropped_stale"] + worker.counts["evicted"]
+    assert_counts_add_up(worker, read=sum(map(len, batches)) + dropped, left=len(leftovers))
     answered = answered_by(gen)
     for version, s in [pair for b in batches for pair in b]:
         assert version - s.model_version <= 1
@@ -484,6 +504,8 @@ def test_mask_truncated_keeps_rewards_in_the_statistics_but_does_not_push(tokeni
     samples = [s for b in batches for _, s in b] + leftovers
     checked = 0
     for record in worker.groups:
+        if not record.complete:
+            continue  # cut short by stop()
         rs = rollouts[record.group_id]
         kept = [r for r in rs if not r.truncated]
         assert record.pushed == len(kept)
@@ -538,8 +560,28 @@ def test_stop_ends_groups_waiting_on_a_hung_server_at_once(tokenizer):
     assert time.monotonic() - t0 < 3.0
     assert not any(t.is_alive() for t in worker._threads)
     assert len(records) == 2 and all(not record.complete and record.pushed == 0 for record, _ in records)
+    assert worker.counts["episodes"] == worker.counts["stopped"] == 8 and all(r.stopped == 4 for r, _ in records)
+    assert_counts_add_up(worker, read=0, left=0)
     assert all(r.info.get("error_kind") == "server_error" for _, rollouts in records for r in rollouts)
     assert worker.rollout_buffer.empty()
+
+
+def test_stop_while_a_finished_group_waits_for_room_counts_its_rows_and_marks_it_incomplete(tokenizer):
+    records = []
+    worker = make_worker(tokenizer, max_inflight_groups=1, buffer_size=2, max_staleness=100,
+                         on_group=lambda record, rollouts: records.append(record))  # fmt: skip
+    worker.update_model_version(1)
+    worker.start()
+    deadline = time.monotonic() + 20
+    while worker.rollout_buffer.qsize() < 2 and time.monotonic() < deadline:  # 2 of the group's 4 rows pushed
+        time.sleep(0.05)
+    time.sleep(0.5)  # the group's thread now waits for room with 2 finished rows
+    worker.stop()
+    leftovers = [worker.rollout_buffer.get_nowait() for _ in range(2)]
+    assert len(records) == 1 and records[0].pushed == 2
+    assert not records[0].complete  # stop() cut it short: 2 rows were never pushed
+    assert worker.counts["stopped"] == 2 and worker.counts["episodes"] == 4
+    assert_counts_add_up(worker, read=0, left=len(leftovers))
 
 
 def test_bad_arguments_fail_at_once(tokenizer):

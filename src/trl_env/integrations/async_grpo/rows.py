@@ -57,7 +57,12 @@ class GroupRecord:
     pushed: int
     dropped_stale: int
     complete: bool
-    """False for a group cut short by ``stop()`` (its rollouts end in ``server_error``; nothing was pushed)."""
+    """False for a group cut short by ``stop()`` (or by another group thread's failure): either before it was scored
+    (its generations in flight were failed; nothing was pushed) or while its rows waited for room in the buffer (only
+    ``pushed`` of them were)."""
+    stopped: int = 0
+    """Its episodes counted as ``stopped`` in ``TrlEnvRolloutWorker.counts``: all of them for a group stopped before
+    it was scored, else its rows not pushed when ``stop()`` came."""
 
 
 @functools.cache

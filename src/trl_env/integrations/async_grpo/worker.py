@@ -203,7 +203,12 @@ class TrlEnvRolloutWorker:
         self.groups: collections.deque[GroupRecord] = collections.deque(maxlen=10_000)
         """The most recent groups, oldest first (for tests, benchmarks and debugging)."""
         self.counts: dict[str, int] = defaultdict(int)
-        """Running totals: groups, episodes, pushed, failed, unscored, dropped_stale, untrainable, truncated_masked."""
+        """Running totals. ``groups`` and ``episodes`` run (stopped ones too); each episode has one fate: ``pushed``
+        (a row put on ``rollout_buffer``), ``failed``, ``untrainable``, ``truncated_masked``, ``dropped_unscored``,
+        ``dropped_stale`` (stale when its group ended) or ``stopped`` (its group was cut short by ``stop()``), so
+        ``episodes`` is their sum. ``evicted``: pushed rows removed from the buffer as stale at a version sync
+        (``rollout/dropped_stale_total`` is ``dropped_stale + evicted``). ``unscored``: episodes without a reward,
+        pushed with advantage 0 or dropped."""
 
         self.model_version = 0
         """The policy version now live (``update_model_version``); the trainer's first sync makes it 1."""
@@ -270,8 +275,10 @@ class TrlEnvRolloutWorker:
     def stop(self) -> None:
         """Stop: fail the generations in flight, join the threads (``stop_timeout``), close an owned generator.
 
-        Groups still running end at once (their generations fail as ``server_error``) and are not pushed; an
-        env call under way is waited for only up to ``stop_timeout`` (the threads are daemons).
+        Groups still running end at once (their generations fail as ``server_error``) and are not pushed; a
+        finished group waiting for room in the buffer pushes no more rows. Either way its ``GroupRecord`` says
+        ``complete=False`` and the episodes not pushed count as ``stopped``. An env call under way is waited for
+        only up to ``stop_timeout`` (the threads are daemons).
         """
         self._stopping.set()
         with self._buffer.not_full:  # wake the threads waiting for room
@@ -358,12 +365,19 @@ class TrlEnvRolloutWorker:
         versions = [self._versions(r, fallback, gen.last_version) for r in rollouts]
         endings = tuple(r.ending.value for r in rollouts)
         if self._halted():  # stopped: its generations in flight were failed; nothing of it is pushed
-            record = GroupRecord(group_id, str(seed), started, ended, tuple(versions), endings, 0, 0, False)
+            with self._lock:
+                for key, value in (("groups", 1), ("episodes", len(rollouts)), ("stopped", len(rollouts))):
+                    self.counts[key] += value
+            record = GroupRecord(
+                group_id, str(seed), started, ended, tuple(versions), endings, 0, 0, False, stopped=len(rollouts)
+            )
+            self.groups.append(record)
             if self.on_group is not None:
                 self.on_group(record, rollouts)
             return
         samples, metrics = self._score(group_id, rollouts, versions)
         pushed, dropped, waited = self._push(samples)
+        stopped = len(samples) - pushed - dropped  # stop() came while they waited for room in the buffer
         metrics.update({
             "rollout/pushed_total": float(pushed),
             "rollout/dropped_stale_total": float(dropped),
@@ -375,7 +389,10 @@ class TrlEnvRolloutWorker:
         with self._lock:
             self.counts["pushed"] += pushed
             self.counts["dropped_stale"] += dropped
-        record = GroupRecord(group_id, str(seed), started, ended, tuple(versions), endings, pushed, dropped, True)
+            self.counts["stopped"] += stopped
+        record = GroupRecord(
+            group_id, str(seed), started, ended, tuple(versions), endings, pushed, dropped, not stopped, stopped
+        )
         self.groups.append(record)
         self._write_transcripts(group_id, version_at_start, rollouts)
         if self.on_group is not None:
@@ -405,13 +422,14 @@ class TrlEnvRolloutWorker:
         advantages = group_advantages(rewards, self.scale_rewards)
         scored = [r for r, a in zip(rewards, advantages, strict=True) if a is not None and r is not None]
         reward_std = float(np.std(scored)) if scored else math.nan
-        samples, untrainable, unscored, masked = [], 0, 0, 0
+        samples, untrainable, unscored, dropped_unscored, masked = [], 0, 0, 0, 0
         for r, f, adv, reward, version in zip(rollouts, failed, advantages, rewards, versions, strict=True):
             if f:
                 continue
             if adv is None:
                 unscored += 1
                 if self.unscored == "drop":
+                    dropped_unscored += 1
                     continue
             if self.mask_truncated and r.truncated:
                 masked += 1
@@ -436,7 +454,8 @@ class TrlEnvRolloutWorker:
         }
         with self._lock:
             for key, value in (("groups", 1), ("episodes", n), ("failed", sum(failed)), ("unscored", unscored),
-                               ("untrainable", untrainable), ("truncated_masked", masked)):  # fmt: skip
+                               ("dropped_unscored", dropped_unscored), ("untrainable", untrainable),
+                               ("truncated_masked", masked)):  # fmt: skip
                 self.counts[key] += value
         return samples, metrics
 
@@ -504,7 +523,7 @@ class TrlEnvRolloutWorker:
         evicted = self._buffer.evict(self._stale)
         if evicted:
             with self._lock:
-                self.counts["dropped_stale"] += evicted
+                self.counts["evicted"] += evicted
             self._put_metrics({"rollout/dropped_stale_total": float(evicted)})
 
     # -- helpers -------------------------------------------------------------------------------------
