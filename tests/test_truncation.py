@@ -138,3 +138,37 @@ def test_int_seed_is_stable_and_keeps_numbers():
     other = subprocess.run([sys.executable, "-c", "from trl_env.env import int_seed; print(int_seed('game-3'))"],
                            capture_output=True, text=True, check=True)  # fmt: skip
     assert int(other.stdout) == int_seed("game-3")  # the same in another process (hash() is salted per process)
+
+
+class ScoredAtReset:
+    """Sets a reward in reset (a shaping baseline): what an episode cut before its first step has earned."""
+
+    def reset(self, seed):
+        self.reward, self.alive = -0.25, True
+        return self, f"Make {seed} moves."
+
+    def step(self, action):
+        self.reward = 1.0
+        return self, "Next move."
+
+
+def first_turn_cut(tokenizer, model, env_factory, seeds):
+    """Episodes whose first turn runs past max_new_tokens (the tiny random model never stops within 2 tokens)."""
+    from trl_env import TransformersGenerator
+
+    generator = TransformersGenerator(model, pad_token_id=tokenizer.pad_token_id)
+    rollouts = batch_rollout(
+        seeds, env_factory, ChatMLProcessor(), tokenizer, generator, budgets=Budgets(max_turns=4, max_new_tokens=2)
+    )
+    assert all(r.ending is Ending.LENGTH and len(r.turns) == 1 and r.turns[0].action is None for r in rollouts)
+    return rollouts
+
+
+def test_an_episode_cut_on_its_first_turn_is_scored_with_the_reward_after_reset(tokenizer, model):
+    rollouts = first_turn_cut(tokenizer, model, ScoredAtReset, ["3", "5"])
+    assert [r.reward for r in rollouts] == [-0.25, -0.25]  # was None: an unscorable row, no signal to stop
+
+
+def test_an_episode_cut_on_its_first_turn_lets_a_truncatable_env_settle_its_reward(tokenizer, model):
+    [cut] = first_turn_cut(tokenizer, model, PartialCreditEnv, ["4"])
+    assert cut.reward == 0.0 and cut.info["truncated"] == "length" and cut.info["env"] == {"over": "length", "moves": 0}

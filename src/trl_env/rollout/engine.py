@@ -299,7 +299,7 @@ class _Engine:
         return False
 
     def _on_open(self, ep: Episode, opened: Opened) -> bool:
-        ep.env, ep.prompt_ids = opened.env, opened.prompt_ids
+        ep.env, ep.prompt_ids, ep.reward = opened.env, opened.prompt_ids, opened.reward
         if opened.env_info is not None:
             ep.info["env"] = opened.env_info
         if not opened.alive:

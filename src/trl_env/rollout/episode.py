@@ -10,9 +10,12 @@ user code is wrapped where it happens, so a failure is classified by its site, w
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
+import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -53,6 +56,8 @@ class Opened:
     env: Env
     prompt_ids: list[int]
     alive: bool
+    reward: float
+    """The env's reward after ``reset``: the episode's, should its first turn be cut before any step."""
     env_info: dict[str, Any] | None = None
     """The env's ``info`` after ``reset``, JSON-safe; ``None`` without one."""
 
@@ -110,7 +115,7 @@ class EnvText:
         if self._fast is not None:
             return self._fast(text)
         # The processor writes special tokens as text; never let the tokenizer add BOS/EOS again.
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return _encode(self.tokenizer, text)
 
     def render(self, render: Callable[[str], str], delta: str, *, lead: str = "") -> list[int]:
         """Tokenise the rendering of ``delta`` (after ``lead``), keeping special-token text in ``delta`` plain.
@@ -178,26 +183,52 @@ _PROBES = (
 )
 
 
-def _fast_encoder(tokenizer: Any, added: list[str]) -> Callable[[str], list[int]] | None:
-    """The Rust tokenizer's own ``encode`` (half the cost of the transformers wrapper), where it gives the same ids.
+_OWNED: weakref.WeakKeyDictionary[Any, tuple[int, Callable[[str], list[int]] | None]] = weakref.WeakKeyDictionary()
+_OWNED_LOCK = threading.Lock()
 
-    Checked at start on probe texts (plain, unicode, whitespace, every added token); any difference
-    or a tokenizer without a Rust backend keeps ``tokenizer.encode``.
+
+def _fast_encoder(tokenizer: Any, added: list[str]) -> Callable[[str], list[int]] | None:
+    """The ``encode`` of trl-env's own copy of the Rust tokenizer, where it gives the tokenizer's ids.
+
+    A copy, because the Rust backend's state is shared: ``tokenizer(text, split_special_tokens=True)``
+    anywhere in the process (an env counting tokens, a reward function) switches the backend's
+    ``encode_special_tokens`` on for every later caller, which would spell the processor's special tokens
+    out as plain text. The copy's flag stays off. It also costs half of the transformers wrapper per call.
+    Checked once per tokenizer (and vocabulary size) on probe texts (plain, unicode, whitespace, every added
+    token) against ``tokenizer.encode``; any difference or a tokenizer without a Rust backend keeps
+    ``tokenizer.encode``.
     """
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         return None
+    with _OWNED_LOCK:
+        size, cached = _OWNED.get(tokenizer, (-1, None))
+        if size == backend.get_vocab_size(with_added_tokens=True):
+            return cached
+        own = copy.deepcopy(backend)
+        own.encode_special_tokens = False
 
-    def fast(text: str) -> list[int]:
-        return list(backend.encode(text, add_special_tokens=False).ids)
+        def fast(text: str) -> list[int]:
+            return list(own.encode(text, add_special_tokens=False).ids)
 
-    probes = [*_PROBES, " ".join(added), "x".join(added[:50])]
-    try:
-        if all(fast(t) == list(tokenizer.encode(t, add_special_tokens=False)) for t in probes):
-            return fast
-    except Exception:  # noqa: BLE001  # any trouble: keep the tokenizer's own encode
-        return None
-    return None
+        probes = [*_PROBES, " ".join(added), "x".join(added[:50])]
+        try:
+            same = all(fast(t) == _encode(tokenizer, t) for t in probes)
+        except Exception:  # noqa: BLE001  # any trouble: keep the tokenizer's own encode
+            same = False
+        _OWNED[tokenizer] = (backend.get_vocab_size(with_added_tokens=True), fast if same else None)
+        return fast if same else None
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    """``tokenizer.encode`` with nothing added and special-token strings read as special tokens, whatever its state.
+
+    A transformers tokenizer (it has ``split_special_tokens``) is told so on every call; other duck-typed ones
+    get ``add_special_tokens=False`` only.
+    """
+    if hasattr(tokenizer, "split_special_tokens"):
+        return list(tokenizer.encode(text, add_special_tokens=False, split_special_tokens=False))
+    return list(tokenizer.encode(text, add_special_tokens=False))
 
 
 def _text(value: object, render: Callable[[str], str]) -> str:
@@ -245,7 +276,7 @@ class Calls:
         result = call("env_exception", env.reset, seed)
         checked = call("env_bad_return", check_result, result, env, method="reset", env_index=index, turn=0)
         prompt_ids = self.text.render(self.processor.init_system_input, checked.delta)
-        return Opened(checked.env, prompt_ids, checked.alive, checked.info)
+        return Opened(checked.env, prompt_ids, checked.alive, checked.reward, checked.info)
 
     def step(self, index: int, env: Env, sampled: Generation, turn: int) -> Stepped:
         """Decode and parse the sampled turn, step the env with the action, tokenise what follows."""
@@ -336,7 +367,7 @@ class Episode:
     env_mask: list[int] = field(default_factory=list)
     turns: list[Turn] = field(default_factory=list)
     reward: float | None = None
-    """The reward the last step reported (read when it returned, never after ``close``)."""
+    """The reward the last ``reset`` or step reported (read when it returned, never after ``close``)."""
     sampled: Generation | None = None
     """The model turn between generation and its env step."""
     generation_s: float = 0.0
