@@ -12,6 +12,13 @@ config. Per variant: the wall time of each optimizer step after ``--warmup`` ste
 next), and the trainer's idle fraction (sync: time inside the rollout function / step; async: the trainer's own
 ``perf/rollout_wait_s`` / step). Repetitions are interleaved (variants in shuffled order within a repetition).
 
+``--admission`` compares the async worker with and without its admission rule instead (no sync run): the
+worker's episodes ended, how many of them were dropped as stale (before their push or evicted from the buffer:
+generation thrown away), and the trainer's idle fraction, per ``--max-staleness`` value, side by side. "Without"
+is the worker before the rule (every free group thread starts a group; they wait for room in the full buffer).
+Both use ``from_args``'s buffer (one optimizer step of samples) and ``--inflight`` group threads (default
+(max_staleness + 1) x ``--groups``, as docs/async.md recommends).
+
 The "GPU regime" model: with generation on its own device (the vLLM server's GPU) and training on another, the
 async step takes max(gen, train) instead of gen + train, so the expected speed-up is (gen + train) / max(gen,
 train), with gen and train measured in the sync runs (rollout function time, and the rest of the step). On this
@@ -20,6 +27,7 @@ the same cores instead of overlapping.
 
     python benchmarks/bench_async.py --quick      # smoke test: 3 steps per variant, one repetition (~1.5 min)
     python benchmarks/bench_async.py              # 8 steps (2 warm-up), 3 interleaved repetitions (~10 min)
+    python benchmarks/bench_async.py --admission --groups 2 --max-staleness 1 2   # generation thrown away
 """
 
 from __future__ import annotations
@@ -119,7 +127,9 @@ def run_sync(base_url: str, model_dir: str, opts: Any, workdir: Path) -> dict[st
     return dict(step_s=steps, gen_s=gens, idle=[g / s for g, s in zip(gens, steps)])
 
 
-def run_async(base_url: str, model_dir: str, opts: Any, workdir: Path) -> dict[str, Any]:
+def run_async(
+    base_url: str, model_dir: str, opts: Any, workdir: Path, max_staleness: int, admission: bool = True
+) -> dict[str, Any]:
     from datasets import Dataset  # type: ignore[import-untyped]
     from peft import LoraConfig
     from transformers import AutoTokenizer
@@ -135,12 +145,14 @@ def run_async(base_url: str, model_dir: str, opts: Any, workdir: Path) -> dict[s
     args = AsyncGRPOConfig(output_dir=str(workdir / "async"), max_steps=opts.steps, per_device_train_batch_size=batch,
                            num_generations=NUM_GENERATIONS, max_completion_length=opts.turns * (opts.tokens + 16),
                            token_budget=0, bf16=False, gradient_checkpointing=False, report_to=[], logging_steps=1,
-                           save_strategy="no", max_staleness=opts.max_staleness, learning_rate=1e-3,
+                           save_strategy="no", max_staleness=max_staleness, learning_rate=1e-3,
                            vllm_server_base_url=base_url, temperature=1.0)  # fmt: skip
     worker = TrlEnvRolloutWorker.from_args(args, _common.EnvFactory(opts.turns, opts.sleep), ChatMLProcessor(),
-                                           tokenizer, seeds(64), max_inflight_groups=opts.groups,
-                                           max_turns=opts.turns, max_new_tokens=opts.tokens,
+                                           tokenizer, seeds(64), max_turns=opts.turns, max_new_tokens=opts.tokens,
+                                           max_inflight_groups=opts.inflight or (max_staleness + 1) * opts.groups,
                                            parse_truncated_turns=True)  # fmt: skip
+    if not admission:  # the worker before its admission rule: a free group thread always starts a group
+        worker._buffer._admits = lambda n, max_staleness: True
     trainer = AsyncGRPOTrainer(model=model_dir, args=args, processing_class=tokenizer, rollout_worker=worker,
                                train_dataset=Dataset.from_dict({"prompt": seeds(64)}),
                                peft_config=LoraConfig(**LORA), callbacks=[clock])  # fmt: skip
@@ -153,8 +165,10 @@ def run_async(base_url: str, model_dir: str, opts: Any, workdir: Path) -> dict[s
     logs = [h for h in trainer.state.log_history if "loss" in h][opts.warmup :]
     waits = [float(h.get("perf/rollout_wait_s", 0.0)) for h in logs][: len(steps)]
     staleness = [float(h.get("sample/staleness_mean", 0.0)) for h in logs]
+    counts = worker.counts
     return dict(step_s=steps, wait_s=waits, idle=[w / s for w, s in zip(waits, steps)], staleness=staleness,
-                dropped_stale=worker.counts["dropped_stale"] + worker.counts["evicted"])  # fmt: skip
+                dropped_stale=counts["dropped_stale"] + counts["evicted"],
+                ended=counts["episodes"] - counts["stopped"], counts=dict(counts))  # fmt: skip
 
 
 def median(values: list[float]) -> float:
@@ -171,7 +185,11 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=16, help="sampled tokens per turn (at most)")
     parser.add_argument("--sleep", type=float, nargs=2, default=None, metavar=("MIN_MS", "MAX_MS"),
                         help="env step latency, uniform in [MIN_MS, MAX_MS] (default: none)")  # fmt: skip
-    parser.add_argument("--max-staleness", type=int, default=1)
+    parser.add_argument("--max-staleness", type=int, nargs="+", default=[1], help="one async run per value")
+    parser.add_argument("--inflight", type=int, default=None,
+                        help="the worker's max_inflight_groups (default (max_staleness + 1) x --groups)")  # fmt: skip
+    parser.add_argument("--admission", action="store_true",
+                        help="compare the async worker with and without its admission rule (no sync run)")  # fmt: skip
     opts = parser.parse_args()
     opts.steps = opts.steps or (3 if opts.quick else 8)
     opts.warmup = opts.warmup if opts.warmup is not None else (1 if opts.quick else 2)
@@ -182,13 +200,19 @@ def main() -> None:
 
     import vllm_server as vs  # type: ignore[import-not-found]  # tests/vllm_server.py, on the path via _common
 
+    # (label, max_staleness, admission rule): "sync" runs once per repetition, the async variants per staleness.
+    variants = [] if opts.admission else [("sync", 0, True)]
+    for staleness in opts.max_staleness:
+        if opts.admission:
+            variants.append((f"async without admission rule, max_staleness {staleness}", staleness, False))
+        variants.append((f"async, max_staleness {staleness}" if opts.admission else "async", staleness, True))
     model_dir = _common.tiny_model_dir()
-    runs: dict[str, list[dict[str, Any]]] = {"sync": [], "async": []}
+    runs: dict[str, list[dict[str, Any]]] = {label: [] for label, _, _ in variants}
     with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
         if opts.base_url:
             servers = _common.vllm_server(opts.base_url)
         else:
-            extra = ["--max-loras", str(opts.max_staleness + 2), "--no-enable-prefix-caching"]
+            extra = ["--max-loras", str(max(opts.max_staleness) + 2), "--no-enable-prefix-caching"]
             servers = vs.start_vllm_server(
                 model_dir, lora=True, extra_args=extra, env=_common.SERVER_OMP[opts.server_omp]
             )
@@ -198,37 +222,73 @@ def main() -> None:
             config = _common.server_config(base_url)
             order = random.Random(opts.seed)
             for rep in range(opts.reps):
-                for variant in order.sample(["sync", "async"], 2):
+                for i, (label, staleness, admission) in enumerate(order.sample(variants, len(variants))):
                     t0 = time.perf_counter()
-                    run = (run_sync if variant == "sync" else run_async)(
-                        base_url, model_dir, opts, Path(tmp) / f"{variant}{rep}"
-                    )
+                    workdir = Path(tmp) / f"run{rep}-{i}"
+                    if label == "sync":
+                        run = run_sync(base_url, model_dir, opts, workdir)
+                    else:
+                        run = run_async(base_url, model_dir, opts, workdir, staleness, admission)
                     unload_adapters(base_url)
-                    runs[variant].append(run)
-                    print(f"[rep {rep}] {variant}: {len(run['step_s'])} timed steps, median "
-                          f"{median(run['step_s']):.2f} s/step, idle {median(run['idle']):.0%} "
+                    runs[label].append(run)
+                    print(f"[rep {rep}] {label}: {len(run['step_s'])} timed steps, median "
+                          f"{median(run['step_s']):.2f} s/step, idle {median(run['idle']):.0%}, dropped stale "
+                          f"{run.get('dropped_stale', 0)} of {run.get('ended', '-')} "
                           f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr)  # fmt: skip
+    if opts.admission:
+        report_admission(opts, runs, variants, out, notes, config)
+    else:
+        report_sync_async(opts, runs, out, notes, config)
 
-    def pooled(variant: str, key: str) -> list[float]:
-        return [v for run in runs[variant] for v in run.get(key, [])]
 
-    sync_step, async_step = pooled("sync", "step_s"), pooled("async", "step_s")
-    gen = median(pooled("sync", "gen_s"))
+def pooled(runs: list[dict[str, Any]], key: str) -> list[float]:
+    return [v for run in runs for v in run.get(key, [])]
+
+
+def report_admission(
+    opts: Any, runs: dict[str, list[dict[str, Any]]], variants: list[Any], out: Path, notes: str, config: Any
+) -> None:
+    """The async worker with and without its admission rule: generation thrown away, trainer idle."""
+    rows = []
+    for label, staleness, _ in variants:
+        ended = sum(run["ended"] for run in runs[label])
+        stale = sum(run["dropped_stale"] for run in runs[label])
+        per_run = ", ".join(f"{run['dropped_stale']}/{run['ended']}" for run in runs[label])
+        rows.append([label, str(opts.inflight or (staleness + 1) * opts.groups),
+                     _common.fmt_range(pooled(runs[label], "step_s")), f"{median(pooled(runs[label], 'idle')):.0%}",
+                     f"{median(pooled(runs[label], 'staleness')):.2f}",
+                     f"{stale / ended if ended else float('nan'):.1%} ({per_run})"])  # fmt: skip
+    print(f"\n## The async worker's admission rule, {opts.groups * NUM_GENERATIONS} samples/step ({opts.groups} "
+          f"groups x {NUM_GENERATIONS}), {opts.turns} turns x <= {opts.tokens} tokens, {opts.reps} rep(s) x "
+          f"{opts.steps} steps ({opts.steps - opts.warmup} timed)\n")  # fmt: skip
+    print(_common.markdown_table(["variant", "group threads", "s / optimizer step, median (min-max)",
+                                  "trainer idle (median)", "staleness (mean)",
+                                  "dropped stale / episodes ended (per run)"], rows))  # fmt: skip
+    print(f"\n{notes}; server: {config}")
+    _common.save_json(out / "bench_async_admission.json", dict(options=vars(opts), runs=runs, machine=notes,
+                                                               server=config))  # fmt: skip
+    print(f"\nwrote {out / 'bench_async_admission.json'}", file=sys.stderr)
+
+
+def report_sync_async(opts: Any, runs: dict[str, list[dict[str, Any]]], out: Path, notes: str, config: Any) -> None:
+    """Sync against async: s per step, idle, and the GPU-regime model."""
+    sync_step, async_step = pooled(runs["sync"], "step_s"), pooled(runs["async"], "step_s")
+    gen = median(pooled(runs["sync"], "gen_s"))
     train = median([s - g for run in runs["sync"] for s, g in zip(run["step_s"], run["gen_s"])])
     expected = (gen + train) / max(gen, train)
     measured = median(sync_step) / median(async_step)
     rows = [
-        ["sync (GRPOTrainer + make_rollout_func)", _common.fmt_range(sync_step), f"{median(pooled('sync', 'idle')):.0%}",
-         "0", "-"],
+        ["sync (GRPOTrainer + make_rollout_func)", _common.fmt_range(sync_step),
+         f"{median(pooled(runs['sync'], 'idle')):.0%}", "0", "-"],
         ["async (AsyncGRPOTrainer + TrlEnvRolloutWorker)", _common.fmt_range(async_step),
-         f"{median(pooled('async', 'idle')):.0%}", f"{median(pooled('async', 'staleness')):.2f}",
-         str(sum(run["dropped_stale"] for run in runs["async"]))],
+         f"{median(pooled(runs['async'], 'idle')):.0%}", f"{median(pooled(runs['async'], 'staleness')):.2f}",
+         f"{sum(run['dropped_stale'] for run in runs['async'])} of {sum(run['ended'] for run in runs['async'])}"],
     ]  # fmt: skip
     print(f"\n## Sync vs async GRPO, {opts.groups * NUM_GENERATIONS} samples/step ({opts.groups} groups x "
-          f"{NUM_GENERATIONS}), {opts.turns} turns x <= {opts.tokens} tokens, max_staleness {opts.max_staleness}, "
+          f"{NUM_GENERATIONS}), {opts.turns} turns x <= {opts.tokens} tokens, max_staleness {opts.max_staleness[0]}, "
           f"{opts.reps} rep(s) x {opts.steps - opts.warmup} timed steps\n")  # fmt: skip
     print(_common.markdown_table(["variant", "s / optimizer step, median (min-max)", "trainer idle",
-                                  "staleness (mean)", "dropped stale (worker)"], rows))  # fmt: skip
+                                  "staleness (mean)", "dropped stale / episodes (worker)"], rows))  # fmt: skip
     print(f"\nMeasured here: sync step = gen {gen:.2f} s + train {train:.2f} s (medians); async step "
           f"{median(async_step):.2f} s: measured speed-up {measured:.2f}x. Expected with generation and training "
           f"on separate devices (the GPU regime): (gen + train) / max(gen, train) = {expected:.2f}x.\n")  # fmt: skip
@@ -245,7 +305,8 @@ def main() -> None:
     names = ["sync", "async"]
     axes[0].bar(names, [median(sync_step), median(async_step)], color=["#888", "#3a7"])
     axes[0].set_ylabel("s per optimizer step (median)")
-    axes[1].bar(names, [median(pooled("sync", "idle")), median(pooled("async", "idle"))], color=["#888", "#3a7"])
+    axes[1].bar(names, [median(pooled(runs["sync"], "idle")), median(pooled(runs["async"], "idle"))],
+                color=["#888", "#3a7"])  # fmt: skip
     axes[1].set_ylabel("trainer idle fraction")
     fig.suptitle(f"trl-env sync vs async GRPO (tiny model, CPU): expected GPU speed-up {expected:.2f}x")
     fig.tight_layout()

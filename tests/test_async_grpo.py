@@ -427,6 +427,19 @@ def test_worker_drops_stale_samples_itself_and_tags_the_oldest_turn_version(toke
     assert max(spans) > 0  # some episodes had turns from two policies
 
 
+def test_no_group_is_started_that_could_not_be_read_within_the_staleness_bound(tokenizer):
+    # A slow trainer (8 rows per version) and more group threads than it can use: 6 x 4 rows in flight would run
+    # (max_staleness + 1) x 8 = 16 rows ahead at most before the trainer's reads make them stale.
+    for max_staleness in (1, 2):
+        worker = make_worker(tokenizer, max_staleness=max_staleness, max_inflight_groups=6, buffer_size=8)
+        batches, dropped, _, leftovers = consume(worker, steps=5, batch=8, max_staleness=max_staleness, train_s=0.2)
+        read = sum(map(len, batches)) + dropped
+        assert dropped == 0 and worker.counts["evicted"] == worker.counts["dropped_stale"] == 0, dict(worker.counts)
+        # Never more rows started than the trainer reads before they go stale (those left at the end included).
+        assert worker.counts["episodes"] <= read + (max_staleness + 1) * 8, dict(worker.counts)
+        assert_counts_add_up(worker, read=read, left=len(leftovers))
+
+
 def test_without_adapter_names_the_version_is_the_one_live_at_the_first_turn(tokenizer):
     gen = PolicyGenerator(tokenizer, delay=0.02, named=False)
     worker = make_worker(tokenizer, gen=gen, lora_name=None, max_inflight_groups=3)

@@ -68,10 +68,15 @@ class WorkerOptions(LimitKeywords, EngineKeywords, TranscriptKeywords, total=Fal
 class TrlEnvRolloutWorker:
     """A ``RolloutWorkerProtocol`` for ``AsyncGRPOTrainer``: trl-env episodes, continuously, as ``RolloutSample``s.
 
-    ``max_inflight_groups`` threads each loop: take the next seed, run ``batch_rollout`` on
-    ``num_generations`` fresh envs with that seed (one GRPO group) through the one shared generator,
-    score the group and push its rows. So up to ``max_inflight_groups × num_generations`` episodes are in
-    flight at once, and a group is pushed as soon as its own episodes end.
+    ``max_inflight_groups`` threads each loop: wait until the admission rule lets a group start, take the
+    next seed, run ``batch_rollout`` on ``num_generations`` fresh envs with that seed (one GRPO group) through
+    the one shared generator, score the group and push its rows. So up to ``max_inflight_groups ×
+    num_generations`` episodes are in flight at once, and a group is pushed as soon as its own episodes end.
+
+    The admission rule: a group starts only if the trainer will read its rows before they go stale, counting
+    the rows of earlier groups not yet read ahead of them: ``unread + read_this_version + num_generations <=
+    (max_staleness + 1) × rows_per_version``. ``rows_per_version`` is what the trainer read between its last two
+    syncs (``buffer_size`` until it is known); a group always starts when no row is unread.
 
     Args:
         env_factory: builds a fresh env; called once per episode.
@@ -87,7 +92,8 @@ class TrlEnvRolloutWorker:
         max_completion_length: the default of ``Limits.max_completion_tokens`` (``AsyncGRPOConfig``'s field).
         max_inflight_groups: groups generated at once (threads).
         buffer_size: most samples waiting in ``rollout_buffer``; default: ``max_inflight_groups ×
-            num_generations``. About one optimizer step of samples keeps the trainer fed with fresh samples.
+            num_generations``. About one optimizer step of samples keeps the trainer fed with fresh samples. Also the
+            admission rule's estimate of the rows the trainer reads per policy version, until it has measured them.
         lora_name: the adapter prefix the trainer publishes (``"trl-policy"``): every new turn names
             ``{lora_name}-v{version}``. ``None`` when the trainer syncs full weights (NCCL or a custom
             ``weight_transfer``): requests then keep the generator's model name.
@@ -195,7 +201,7 @@ class TrlEnvRolloutWorker:
         self._policy_re = re.compile(rf"^{re.escape(lora_name)}-v(\d+)$") if lora_name else None
 
         self.buffer_size = buffer_size or max_inflight_groups * num_generations
-        self._buffer = _RolloutBuffer(maxsize=self.buffer_size)
+        self._buffer = _RolloutBuffer(maxsize=self.buffer_size, rows_per_version=self.buffer_size)
         self.rollout_buffer: queue.Queue[Any] | MPQueue[Any] = self._buffer
         """What the trainer reads: ``RolloutSample``s, a group's rows one after the other."""
         self.metrics_queue: queue.Queue[Any] | MPQueue[Any] = queue.Queue(maxsize=4096)
@@ -304,12 +310,14 @@ class TrlEnvRolloutWorker:
             self._named.model = f"{self.lora_name}-v{model_version}"
         self.model_version = model_version
         self._evict_stale()
+        self._buffer.next_version()
 
     def check_health(self, stale_after_s: float) -> None:
         """Raise if a group thread failed or died, or nothing happened for ``stale_after_s`` seconds.
 
-        "Something happened" is any generation or episode ending, a group ending, or a wait for room in
-        the full buffer. The trainer calls this whenever its read of ``rollout_buffer`` times out.
+        "Something happened" is any generation or episode ending, a group ending, or a wait for the trainer
+        (for room in the full buffer, or for its reads before a group may start). The trainer calls this whenever
+        its read of ``rollout_buffer`` times out.
 
         Raises:
             RuntimeError: chained to the thread's exception when one failed.
@@ -332,6 +340,12 @@ class TrlEnvRolloutWorker:
     def _run(self) -> None:
         try:
             while not self._halted():
+                if not self._buffer.claim(self.num_generations, self.max_staleness, timeout=0.2):
+                    self._tick()  # waiting for the trainer is not a hang
+                    continue
+                if self._halted():  # stop() came while it waited
+                    self._buffer.release(self.num_generations)
+                    break
                 index = next(self._seed_index)
                 self._run_group(index, self.seeds[index % len(self.seeds)])
         except BaseException as e:  # noqa: BLE001  # reported by check_health, which the trainer calls
@@ -365,6 +379,7 @@ class TrlEnvRolloutWorker:
         versions = [self._versions(r, fallback, gen.last_version) for r in rollouts]
         endings = tuple(r.ending.value for r in rollouts)
         if self._halted():  # stopped: its generations in flight were failed; nothing of it is pushed
+            self._buffer.release(self.num_generations)
             with self._lock:
                 for key, value in (("groups", 1), ("episodes", len(rollouts)), ("stopped", len(rollouts))):
                     self.counts[key] += value
@@ -376,8 +391,10 @@ class TrlEnvRolloutWorker:
                 self.on_group(record, rollouts)
             return
         samples, metrics = self._score(group_id, rollouts, versions)
+        self._buffer.release(self.num_generations - len(samples))  # failed, untrainable, ...: no row
         pushed, dropped, waited = self._push(samples)
         stopped = len(samples) - pushed - dropped  # stop() came while they waited for room in the buffer
+        self._buffer.release(stopped)
         metrics.update({
             "rollout/pushed_total": float(pushed),
             "rollout/dropped_stale_total": float(dropped),
@@ -587,13 +604,67 @@ class TrlEnvRolloutWorker:
 
 
 class _RolloutBuffer(queue.Queue):  # type: ignore[type-arg]  # of RolloutSample
-    """A bounded ``queue.Queue`` whose producer checks staleness under the queue's lock.
+    """A bounded ``queue.Queue`` whose producer checks staleness under the queue's lock, and the admission rule.
 
     ``update_model_version`` changes the version and then calls ``evict``; ``put_fresh`` decides and
     puts under the same lock. So once ``update_model_version(v)`` has returned, no row older than
     ``v - max_staleness`` is in the buffer, and the trainer (which reads after that call) never has to
-    drop one. Uses ``Queue``'s documented subclass hooks (``_qsize``, ``_put``) and its condition variables.
+    drop one. Uses ``Queue``'s documented subclass hooks (``_qsize``, ``_put``, ``_get``) and its lock.
+
+    Admission: ``claimed`` counts the rows of started groups not yet read, evicted or given up (``release``),
+    ``reads`` the rows read since the last sync. A group's rows are read after the ``claimed`` ones, at
+    ``rows_per_version`` per version, so they are read within ``max_staleness`` versions of its start if
+    ``claimed + reads + n <= (max_staleness + 1) × rows_per_version`` (``claim``).
     """
+
+    def __init__(self, maxsize: int, rows_per_version: int) -> None:
+        super().__init__(maxsize)
+        self.may_start = threading.Condition(self.mutex)
+        self.claimed = 0
+        self.reads = 0
+        self.rows_per_version = rows_per_version
+        """The trainer's reads between its last two syncs; the given estimate until then."""
+        self._versions_read = 0
+
+    def claim(self, n: int, max_staleness: int, timeout: float) -> bool:
+        """Claim ``n`` rows for a group if the admission rule lets it start; else ``False`` after ``timeout``."""
+        with self.may_start:
+            if not self._admits(n, max_staleness):
+                self.may_start.wait(timeout)
+                if not self._admits(n, max_staleness):
+                    return False
+            self.claimed += n
+            return True
+
+    def _admits(self, n: int, max_staleness: int) -> bool:
+        # With nothing unread, a group starts whatever the rule says: the trainer waits for it.
+        return not self.claimed or self.claimed + self.reads + n <= (max_staleness + 1) * self.rows_per_version
+
+    def release(self, n: int) -> None:
+        """Give up ``n`` claimed rows that will never be read (no row made, stale, stopped)."""
+        if n:
+            with self.may_start:
+                self.claimed -= n
+                assert self.claimed >= 0, self.claimed
+                self.may_start.notify_all()
+
+    def next_version(self) -> None:
+        """The trainer synced: measure its reads per version and start counting again."""
+        with self.may_start:
+            if self.reads:
+                # The trainer's first version with reads also fills its data loader's one-batch lookahead.
+                if self._versions_read:
+                    self.rows_per_version = self.reads
+                self._versions_read += 1
+            self.reads = 0
+            self.may_start.notify_all()
+
+    def _get(self) -> Any:
+        item = super()._get()
+        self.claimed -= 1
+        self.reads += 1
+        self.may_start.notify_all()
+        return item
 
     def put_fresh(self, item: Any, stale: Callable[[Any], bool], timeout: float) -> str:
         """Put ``item`` unless ``stale(item)``; returns ``"pushed"``, ``"stale"`` or ``"full"`` (after ``timeout``)."""
@@ -603,6 +674,8 @@ class _RolloutBuffer(queue.Queue):  # type: ignore[type-arg]  # of RolloutSample
                 if 0 < self.maxsize <= self._qsize():
                     return "full"
             if stale(item):
+                self.claimed -= 1
+                self.may_start.notify_all()
                 return "stale"
             item.enqueued_at = time.time()
             self._put(item)
@@ -618,7 +691,9 @@ class _RolloutBuffer(queue.Queue):  # type: ignore[type-arg]  # of RolloutSample
             if evicted:
                 self.queue.clear()
                 self.queue.extend(keep)
+                self.claimed -= evicted
                 self.not_full.notify(evicted)
+                self.may_start.notify_all()
             return evicted
 
 
