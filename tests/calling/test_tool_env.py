@@ -124,6 +124,31 @@ def test_tools_from_an_object_and_a_call_budget():
     assert not env.alive and env.reward == 0.0
 
 
+def test_calls_past_max_calls_get_an_error_observation_and_do_not_run():
+    ran = []
+
+    def tick(n: int) -> int:
+        """Count a call.
+
+        Args:
+            n: the call's number
+        """
+        ran.append(n)
+        return n
+
+    env = ToolEnv([tick], max_calls=3)
+    env.reset("go")
+    _, delta = env.step(ToolCalls("", [ToolCall("tick", {"n": 0}), ToolCall("tick", {"n": 1})]))
+    assert ran == [0, 1] and env.alive
+    _, delta = env.step(ToolCalls("", [ToolCall("tick", {"n": i}) for i in range(2, 22)]))  # 20 calls, 1 left
+    assert ran == [0, 1, 2]
+    assert [r.ok for r in delta.results] == [True] + [False] * 19
+    assert [r.name for r in delta.results] == ["tick"] * 20
+    spent = "Error: this call did not run: the episode's budget of 3 tool calls (max_calls) is spent."
+    assert {r.content for r in delta.results[1:]} == {spent}
+    assert not env.alive and env.info == {"tool_calls": 22, "tool_errors": 19, "answered": False}
+
+
 def test_a_tool_without_a_docstring_fails_early_with_the_fix(tokenizer):
     def bare(x):
         return x

@@ -51,7 +51,8 @@ class ToolEnv:
         score: the reward for the final answer, ``score(answer, seed)`` (default: no reward, 0.0).
         tool_timeout: seconds a call may run; a slower call is an error observation (its thread is abandoned).
             Keep it below the engine's ``env_timeout``, which ends the whole episode.
-        max_calls: most calls in an episode; past it the episode ends (a budget on tool use).
+        max_calls: a budget on tool use: the most calls in an episode (every call the model writes counts); calls
+            past it get an error observation and do not run, and the episode ends once it is spent.
     """
 
     def __init__(
@@ -82,7 +83,8 @@ class ToolEnv:
             self.reward = self.settle(str(action))
             self.alive = False
             return self, ""
-        results = [self.run(call) for call in action.calls]
+        left = len(action.calls) if self.max_calls is None else self.max_calls - self.info["tool_calls"]
+        results = [self.run(call) if i < left else self.refuse(call) for i, call in enumerate(action.calls)]
         self.info["tool_calls"] += len(results)
         self.info["tool_errors"] += sum(not r.ok for r in results)
         if self.max_calls is not None and self.info["tool_calls"] >= self.max_calls:
@@ -92,6 +94,11 @@ class ToolEnv:
     def settle(self, answer: str) -> float:
         """The reward for the final ``answer``."""
         return 0.0 if self.score is None else float(self.score(answer, self.seed))
+
+    def refuse(self, call: ToolCall) -> ToolResult:
+        """The error observation for a call past ``max_calls``: it does not run."""
+        spent = f"the episode's budget of {self.max_calls} tool calls (max_calls) is spent"
+        return ToolResult(call.name, f"Error: this call did not run: {spent}.", ok=False)
 
     def run(self, call: ToolCall) -> ToolResult:
         """One call's result, or an error observation saying what went wrong and how to call it right."""
