@@ -1,8 +1,8 @@
 """OpenEnvAdapter against REAL OpenEnv servers (experiment/examples/openenv_echo_server.py under uvicorn on 127.0.0.1).
 
 Two servers boot in parallel once per module: "main" (rollouts; rewards checked against its own JSONL log) and
-"victim" (SIGSTOPped mid-run and continued, then SIGKILLed mid-run; rebooted if a test finds it dead). Each is
-stopped by its PID at the end.
+"victim" (tests/openenv_fault_server.py, OpenEnv's own server routes with faults switched on per test; SIGSTOPped
+mid-run and continued, then SIGKILLed mid-run; rebooted if a test finds it dead). Each is stopped by its PID at the end.
 Skipped when OpenEnv is not installed (`pip install 'trl-env[openenv]'`).
 """
 
@@ -12,7 +12,9 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
+import urllib.request
 from collections import defaultdict
 from pathlib import Path
 
@@ -23,6 +25,7 @@ pytest.importorskip("openenv", reason="OpenEnv is not installed: pip install 'tr
 from helpers import SpyGenerator, assert_token_exact  # noqa: E402
 
 from trl_env import Budgets, ChatMLProcessor, ConfigError, Ending, EnvError, TransformersGenerator, batch_rollout  # noqa: E402
+from trl_env.integrations import openenv as openenv_integration  # noqa: E402
 from trl_env.integrations.openenv import OpenEnvAdapter, observation_to_text, seed_to_reset_kwargs  # noqa: E402
 
 EXAMPLES = Path(__file__).parent.parent / "experiment" / "examples"
@@ -31,19 +34,22 @@ import openenv_echo  # noqa: E402  # the examples folder is not a package; this 
 
 WORDS_PER_EPISODE = 3  # openenv_echo_server.WORDS_PER_EPISODE (not imported: that module loads OpenEnv at import)
 SESSIONS = 8  # each server's max_concurrent_envs
+FAULT_SERVER = Path(__file__).parent / "openenv_fault_server.py"
+FAULT_STEPS = 2  # openenv_fault_server.STEPS
+FAULTS = ("empty", "no_observation", "no_reward", "no_done", "state")  # openenv_fault_server.FAULTS
 
 
 class Server:
     """One openenv_echo_server.py process; `start()` boots it without waiting (see `ready()`)."""
 
-    def __init__(self, name: str, folder: Path) -> None:
-        self.name, self.folder = name, folder
+    def __init__(self, name: str, folder: Path, script: Path | None = None) -> None:
+        self.name, self.folder, self.script = name, folder, str(script or openenv_echo.SERVER)
         self.log = folder / f"{name}.jsonl"
         self.start()
 
     def start(self) -> None:
         self.base_url, self.proc = openenv_echo.start_server(
-            max_sessions=SESSIONS, log=str(self.log), output=str(self.folder / f"{self.name}.out")
+            max_sessions=SESSIONS, log=str(self.log), output=str(self.folder / f"{self.name}.out"), script=self.script
         )
 
     def ready(self) -> Server:
@@ -66,11 +72,18 @@ class Server:
     def records(self) -> list[dict]:
         return [json.loads(line) for line in self.log.read_text().splitlines()] if self.log.exists() else []
 
+    def set_fault(self, **options) -> None:
+        """Switch a fault of openenv_fault_server.py (POST /fault)."""
+        body = json.dumps(options).encode()
+        request = urllib.request.Request(self.base_url + "/fault", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert response.status == 200
+
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     folder = tmp_path_factory.mktemp("openenv")
-    started = {name: Server(name, folder) for name in ("main", "victim")}  # both boot while we wait
+    started = {"main": Server("main", folder), "victim": Server("victim", folder, FAULT_SERVER)}  # both boot at once
     try:
         for server in started.values():
             server.ready()
@@ -216,6 +229,80 @@ def test_unreachable_server_ends_each_episode_as_an_error_at_once(model, tokeniz
         rollout(model, tokenizer, ["1"], lambda: OpenEnvAdapter(dead, connect_timeout_s=2), strict=True)
 
 
+def test_a_schema_that_never_answers_stalls_only_its_own_server_up_to_the_timeout(
+    servers, model, tokenizer, monkeypatch
+):
+    fault, healthy = servers["victim"].ready(), servers["main"]
+    urls = iter([fault.base_url] * SESSIONS + [healthy.base_url] * 2)
+    lock, healthy_reset_s = threading.Lock(), []
+
+    class TimedAdapter(OpenEnvAdapter):
+        def reset(self, seed):
+            time.sleep(0.5)  # starts once the hung server's look-ups are under way
+            started = time.monotonic()
+            answer = super().reset(seed)
+            healthy_reset_s.append(round(time.monotonic() - started, 2))
+            return answer
+
+    def env_factory():
+        with lock:
+            url = next(urls, fault.base_url)
+        return (TimedAdapter if url == healthy.base_url else OpenEnvAdapter)(url, connect_timeout_s=2)
+
+    OpenEnvAdapter(healthy.base_url)  # imports openenv.core (and gradio, seconds) before the clock starts
+    fault.set_fault(schema_hang=True)
+    try:
+        started = time.monotonic()
+        rollouts = rollout(model, tokenizer, [str(i) for i in range(SESSIONS + 2)], env_factory, max_turns=3)
+        first_s = time.monotonic() - started
+        urls = iter([fault.base_url] * SESSIONS)
+        started = time.monotonic()
+        again = rollout(model, tokenizer, [str(i) for i in range(SESSIONS)], env_factory)  # the failure is remembered
+        again_s = time.monotonic() - started
+    finally:  # the server answers again, and is read again at once: later tests find it sound
+        fault.set_fault(schema_hang=False)
+        monkeypatch.setattr(openenv_integration, "SCHEMA_RETRY_S", 0.0, raising=False)
+        recovered = rollout(model, tokenizer, ["1", "2"], lambda: OpenEnvAdapter(fault.base_url, connect_timeout_s=2))
+    failed = [r for r in rollouts if r.ending is Ending.ERROR]
+    report = (
+        f"{first_s=:.1f} {again_s=:.1f} {healthy_reset_s=}",
+        [(r.ending, r.info.get("error_kind")) for r in rollouts],
+    )
+    # 8 episodes on the hung server fail together after one connect_timeout_s (2 s), not one after another (16 s);
+    # the healthy server's resets never wait on them.
+    assert first_s < 5 and len(healthy_reset_s) == 2 and max(healthy_reset_s) < 1.5, report
+    assert len(failed) == SESSIONS and sum(r.ending is Ending.ENV_DONE for r in rollouts) == 2, report
+    for r in failed + again:
+        assert r.ending is Ending.ERROR and r.info["error_kind"] == "env_timeout", r.error
+        assert "did not answer GET /schema within connect_timeout_s=2" in r.error, r.error
+    assert again_s < 1.5 and all("tried again" in r.error for r in again), report
+    assert [r.ending for r in recovered] == [Ending.ENV_DONE] * 2, [r.error for r in recovered]
+
+
+def test_an_env_whose_server_renamed_its_action_field_is_read_again(servers, model, tokenizer):
+    fault = servers["victim"].ready()
+    try:
+        for field in ("message", "text"):  # the same URL, redeployed with the action {"text": str}
+            fault.set_fault(action_field=field)
+            rollouts = rollout(model, tokenizer, ["1", "2"], lambda: OpenEnvAdapter(fault.base_url))
+            assert [r.ending for r in rollouts] == [Ending.ENV_DONE] * 2, (field, [r.error for r in rollouts])
+            assert all(len(r.turns) == FAULT_STEPS and r.reward == 0.5 * FAULT_STEPS for r in rollouts)
+    finally:
+        fault.set_fault(action_field="message")
+
+
+def test_a_step_answered_with_a_frame_that_is_not_an_observation_ends_as_env_bad_return(servers, model, tokenizer):
+    seeds = [json.dumps({"seed": i, "fault": fault}) for i, fault in enumerate(FAULTS)] + ["9"]
+    url = servers["victim"].ready().base_url
+    rollouts = rollout(model, tokenizer, seeds, lambda: OpenEnvAdapter(url), max_turns=3)
+    *faulted, sound = rollouts
+    for r in faulted:
+        report = (r.seed, r.ending, r.info.get("error_kind"), [t.delta for t in r.turns], r.error)
+        assert r.ending is Ending.ERROR and r.info["error_kind"] == "env_bad_return" and len(r.turns) == 1, report
+        assert "not an observation" in r.error and r.reward is None, report
+    assert sound.ending is Ending.ENV_DONE and len(sound.turns) == FAULT_STEPS, sound.error
+
+
 def test_frozen_server_times_out_as_env_timeout(servers, model, tokenizer):
     server = servers["victim"].ready()
     spy = KillBeforeWave(TransformersGenerator(model, pad_token_id=tokenizer.pad_token_id), server.proc, signal.SIGSTOP)
@@ -230,6 +317,27 @@ def test_frozen_server_times_out_as_env_timeout(servers, model, tokenizer):
     for r in rollouts:
         assert r.ending is Ending.ERROR and r.info["error_kind"] == "env_timeout", r.error
         assert "did not answer step within message_timeout_s=1" in r.error and len(r.turns) == 2
+
+
+def test_a_frozen_server_is_bounded_by_the_adapters_own_timeouts_and_named_alike(servers, model, tokenizer):
+    server = servers["victim"].ready()
+    adapter = OpenEnvAdapter(server.base_url, connect_timeout_s=1)
+    adapter.reset("1")
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        adapter.close()  # the close handshake gets connect_timeout_s, not websockets' fixed 10 s
+        close_s = time.monotonic() - started
+        started = time.monotonic()
+        rollouts = rollout(model, tokenizer, ["1", "2"], lambda: OpenEnvAdapter(server.base_url, connect_timeout_s=1))
+        connect_s = time.monotonic() - started
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+    report = (f"{close_s=:.1f} {connect_s=:.1f}", [(r.info.get("error_kind"), r.error[:120]) for r in rollouts])
+    assert close_s < 2.5 and connect_s < 4, report
+    for r in rollouts:  # frozen at connect: a timeout, as when frozen mid-episode
+        assert r.ending is Ending.ERROR and r.info["error_kind"] == "env_timeout", report
+        assert "did not open a session within connect_timeout_s=1" in r.error, report
 
 
 def test_server_killed_mid_run_ends_its_episodes_as_errors(servers, model, tokenizer):

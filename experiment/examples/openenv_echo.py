@@ -38,10 +38,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(*, max_sessions: int = 2 * BATCH, log: str | None = None, output: str = os.devnull):
-    """Start openenv_echo_server.py on a free port of 127.0.0.1; returns (base_url, process) at once."""
+def start_server(
+    *, max_sessions: int = 2 * BATCH, log: str | None = None, output: str = os.devnull, script: str = SERVER
+):
+    """Start ``script`` (openenv_echo_server.py) on a free port of 127.0.0.1; returns (base_url, process) at once."""
     port = free_port()
-    cmd = [sys.executable, SERVER, "--port", str(port), "--max-sessions", str(max_sessions)]
+    cmd = [sys.executable, script, "--port", str(port), "--max-sessions", str(max_sessions)]
     with open(output, "ab") as out:
         proc = subprocess.Popen(cmd + (["--log", log] if log else []), stdout=out, stderr=subprocess.STDOUT)
     return f"http://127.0.0.1:{port}", proc

@@ -5,6 +5,7 @@ with FastAPI. Its HTTP ``/reset`` and ``/step`` build a throwaway environment pe
 lives in a WebSocket session (``/ws``): one server-side environment per connection, at most
 ``max_concurrent_envs`` at once. The adapter opens one session per episode (the engine's fresh env per
 episode) and closes it when the episode ends. OpenEnv is imported only when the first adapter is built.
+Two reads of the client's private state (``EnvClient._ws`` and ``_send_and_receive``) are skipped where absent.
 """
 
 from __future__ import annotations
@@ -15,19 +16,21 @@ import hashlib
 import json
 import re
 import threading
+import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import requests
 
 from trl_env.env import Action, Delta, Env, Seed
-from trl_env.errors import ConfigError, EnvTimeoutError
+from trl_env.errors import ConfigError, EnvError, EnvTimeoutError, EpisodeFailure
 
 REWARD_MODES = ("sum", "last")
+SCHEMA_RETRY_S = 10.0
+"""Seconds a failed ``GET /schema`` is remembered: until then, episodes needing its action field fail at once."""
 _INSTALL_HINT = "pip install 'trl-env[openenv]'  (or: pip install openenv)"
-_action_fields: dict[str, str] = {}  # base URL -> the action's one text field, read once from GET /schema
-_action_fields_lock = threading.Lock()
 _collect_lock = threading.Lock()
 _CAPACITY_HINT = (
     "Every running episode holds one session: start the server with max_concurrent_envs >= the episodes of one "
@@ -76,11 +79,13 @@ class OpenEnvAdapter(Env):
     ``step(text)`` sends ``action(text)``; each observation becomes the delta through ``observation``.
     ``reward`` is the sum of the step rewards the server reported (``reward_mode="last"``: the latest
     one), ``None`` counting as 0; ``alive`` is ``not done``. The session is closed when the server says
-    done, when a call fails, or when the engine drops the adapter (an episode cut by ``max_turns`` or
-    a token budget), so the server's ``max_concurrent_envs`` must cover the episodes of one rollout
-    batch, not more. A refused connection, a server that dies mid-episode, or an answer slower than
-    ``message_timeout_s`` (``EnvTimeoutError``) raises from ``reset``/``step``; the engine then ends only
-    that episode, as ``error``.
+    done, when a call fails, or when the engine calls ``close()`` at the episode's end (however it ended;
+    a finalizer closes it if nobody does), so the server's ``max_concurrent_envs`` must cover the episodes
+    of one rollout batch, not more. Every failure raises from ``reset``/``step`` and the engine ends only
+    that episode, as ``error``: a server that does not answer within the adapter's own timeouts (opening
+    the session, reading ``/schema``, a reset or step answer) raises ``EnvTimeoutError`` (``env_timeout``),
+    a reply that is not an observation ends it as ``env_bad_return``, anything else (a refused
+    connection, a server that dies mid-episode) as ``env_exception``.
 
     Example::
 
@@ -92,14 +97,16 @@ class OpenEnvAdapter(Env):
         client_cls: an OpenEnv ``EnvClient`` subclass (the env's typed client); default ``GenericEnvClient``
             (dict actions and observations, nothing of the env installed locally).
         action: model action text -> what ``client.step`` takes. Default, for ``GenericEnvClient``:
-            ``{field: text}`` where ``field`` is the action's only string field in the server's ``/schema``.
+            ``{field: text}`` where ``field`` is the action's only string field in the server's ``/schema``
+            (read once per server; read again when the server rejects the action, e.g. after a redeploy
+            renamed the field; a failed read is remembered for ``SCHEMA_RETRY_S``).
             A typed ``client_cls`` needs one (its action class is not discoverable).
         observation: observation -> delta text; default ``observation_to_text``.
         reset_kwargs: seed -> keyword arguments of ``reset``; default ``seed_to_reset_kwargs``. The server
             silently drops options its env's ``reset`` does not accept.
         reward_mode: ``"sum"`` (step rewards add up, Gymnasium's return) or ``"last"`` (the env reports the
             episode's reward so far, or only at the end).
-        connect_timeout_s: limit for opening the session (and for reading ``/schema``).
+        connect_timeout_s: limit for opening the session, for closing it and for reading ``/schema``.
         message_timeout_s: limit for each reset/step answer.
         headers: extra HTTP headers for the connection, e.g. ``{"Authorization": "Bearer ..."}`` for a
             private HF Space (a client that takes ``headers=``: ``openenv`` 0.10 does, ``openenv-core`` 0.3 not).
@@ -142,6 +149,7 @@ class OpenEnvAdapter(Env):
         self.connect_timeout_s, self.message_timeout_s = connect_timeout_s, message_timeout_s
         self.headers = dict(headers) if headers else None
         self._action, self._observation = action, observation or observation_to_text
+        self._field: str | None = None  # without action=: the action's text field, from the server's /schema
         self._reset_kwargs = reset_kwargs or seed_to_reset_kwargs
         self._client: Any = None
         self._close: weakref.finalize[Any, Any] | None = None
@@ -158,14 +166,17 @@ class OpenEnvAdapter(Env):
         except (RuntimeError, ConnectionError):
             if not self._refused:
                 raise
-            # Sessions of finished episodes can outlive them in a reference cycle (the engine keeps tracebacks of
-            # failed episodes, which reach its episode list); collecting runs their finalizers. Then try once more.
+            # Sessions of finished episodes can outlive them where nobody called close() (use outside the engine, or
+            # adapters caught in a reference cycle); collecting runs their finalizers. Then try once more.
             with _collect_lock:  # a gc.collect() racing another one returns before the other's finalizers ran
                 gc.collect()
             result = self._call("reset", lambda: self._open().reset(**kwargs))
         if self._action is None:
-            field = _action_field(self.base_url, self.connect_timeout_s, self.headers)
-            self._action = lambda text: {field: text}
+            try:
+                self._field = _action_field(self.base_url, self.connect_timeout_s, self.headers)
+            except Exception:
+                self._close_in_background()
+                raise
         self.results = [result]
         self.reward, self.alive = 0.0, not result.done
         if result.done:
@@ -174,11 +185,9 @@ class OpenEnvAdapter(Env):
 
     def step(self, action: Action) -> tuple[Env, Delta]:
         """Send ``action(text)`` and add the reported reward."""
-        make_action = self._action
-        if self._client is None or make_action is None:
+        if self._client is None or (self._action is None and self._field is None):
             raise RuntimeError(f"{type(self).__name__}.step called with no open session: call reset first.")
-        payload = make_action(action)
-        result = self._call("step", lambda: self._client.step(payload))
+        result = self._call("step", lambda: self._send(action))
         self.results.append(result)
         if result.reward is not None:
             self.reward = (self.reward if self.reward_mode == "sum" else 0.0) + float(result.reward)
@@ -186,6 +195,27 @@ class OpenEnvAdapter(Env):
         if result.done:
             self.close()
         return self, self._observation(result.observation)
+
+    def _send(self, text: Action) -> Any:
+        """``client.step`` with the action built from ``text``; with the /schema field, re-read once if rejected."""
+        client, name = self._client, self._field
+        if self._action is not None:
+            return client.step(self._action(text))
+        assert name is not None
+        try:
+            return client.step({name: text})
+        except RuntimeError as e:
+            if "VALIDATION_ERROR" not in str(e):
+                raise
+            # The server checks the action before its env sees it, so nothing moved: a redeploy may have renamed
+            # the field since /schema was read. Read it again (once per server) and resend if it changed.
+            self._field = _action_field(self.base_url, self.connect_timeout_s, self.headers, stale=name)
+            if self._field == name:
+                raise RuntimeError(
+                    f"OpenEnv server {self.base_url} rejected the action {{{name!r}: text}} ({e}) although its "
+                    f"/schema names {name!r} as the action's text field; pass action= to build a valid action."
+                ) from e
+        return client.step({self._field: text})
 
     def _open(self) -> Any:
         """The episode's client (a ``SyncEnvClient``), opened on first use; closed by ``close`` or the finalizer."""
@@ -195,14 +225,18 @@ class OpenEnvAdapter(Env):
             )
             if self.headers:
                 options["headers"] = self.headers
-            client = self.client_cls(base_url=self.base_url, **options).sync()
+            async_client = self.client_cls(base_url=self.base_url, **options)
+            exchange = getattr(async_client, "_send_and_receive", None)  # private: every reset/step answer passes it
+            if exchange is not None:
+                async_client._send_and_receive = _observations_only(exchange, self.base_url)
+            client = async_client.sync()
             self._client = client
-            self._close = weakref.finalize(self, _close_quietly, client)  # also when the engine drops us
+            self._close = weakref.finalize(self, _close_quietly, client)  # also if nobody calls close()
             self._close.atexit = False
         return self._client
 
     def close(self) -> None:
-        """Close the session (idempotent); the server frees its environment."""
+        """Close the session (idempotent; within about ``connect_timeout_s``); the server frees its environment."""
         self._client = None
         if self._close is not None:
             self._close()
@@ -216,14 +250,26 @@ class OpenEnvAdapter(Env):
                 )
             result = call()
         except (TimeoutError, asyncio.TimeoutError) as e:
-            self._close_in_background()  # a timed-out socket may take the close handshake's 10 s to go
+            self._close_in_background()
             raise EnvTimeoutError(
                 f"OpenEnv server {url} did not answer {method} within message_timeout_s={self.message_timeout_s} s; "
                 "raise it if the env is just slow.",
                 method=method,
             ) from e
+        except EnvTimeoutError:  # /schema, read again for a rejected action
+            self._close_in_background()
+            raise
+        except EnvError as e:  # the answer was not an observation (_observations_only)
+            self._close_in_background()
+            raise EpisodeFailure("env_bad_return", e) from e
         except Exception as e:
             self._close_in_background()
+            if isinstance(e, ConnectionError) and isinstance(e.__cause__, (TimeoutError, asyncio.TimeoutError)):
+                raise EnvTimeoutError(  # a server frozen at connect: a timeout, as one frozen mid-episode
+                    f"OpenEnv server {url} did not open a session within connect_timeout_s={self.connect_timeout_s} s "
+                    f"({e}); raise it if the server is just slow.",
+                    method=method,
+                ) from e
             if "CAPACITY_REACHED" in str(e):
                 self._refused = True
                 raise RuntimeError(f"OpenEnv server {url} refused a new session ({e}). {_CAPACITY_HINT}") from e
@@ -239,6 +285,8 @@ class OpenEnvAdapter(Env):
                 f"OpenEnv server {url} dropped the session during {method} and the client reconnected to a fresh "
                 "session with no episode in it; the episode cannot go on."
             )
+        if hasattr(self._socket(), "close_timeout"):  # websockets waits 10 s for a close handshake by default
+            self._socket().close_timeout = self.connect_timeout_s
         return result
 
     def _socket(self) -> Any:
@@ -261,24 +309,120 @@ def _import_openenv() -> type:
     return generic
 
 
-def _action_field(base_url: str, timeout_s: float, headers: Mapping[str, str] | None) -> str:
-    """The name of the action's only string field, from the server's ``GET /schema`` (cached per URL)."""
-    with _action_fields_lock:  # one request per server, not one per episode thread
-        if base_url not in _action_fields:
-            http_url = re.sub(r"^ws(s?)://", r"http\1://", base_url)
-            response = requests.get(f"{http_url}/schema", timeout=timeout_s, headers=dict(headers or {}))
-            response.raise_for_status()
-            schema = response.json().get("action", {})
-            properties = {k: v for k, v in schema.get("properties", {}).items() if k != "metadata"}
-            texts = [k for k, v in properties.items() if v.get("type") == "string"]
-            others = [k for k in schema.get("required", []) if k not in texts]
-            if len(texts) != 1 or others:
-                raise ConfigError(
-                    f"the action of the OpenEnv env at {base_url} has fields {sorted(properties)}, not one text field; "
-                    "pass action= to build it from the model's text, e.g. `action=lambda text: {'code': text}`."
-                )
-            _action_fields[base_url] = texts[0]
-        return _action_fields[base_url]
+def _observations_only(
+    exchange: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]], url: str
+) -> Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]:
+    """The client's ``_send_and_receive``, raising ``EnvError`` for a reset or step not answered with an observation.
+
+    An observation frame has ``observation``, ``reward`` and ``done``; the client would turn anything else into an
+    empty turn (delta ``'{}'``, reward 0, alive) and the episode would go on.
+    """
+
+    async def checked(message: dict[str, Any]) -> dict[str, Any]:
+        frame = await exchange(message)
+        method, data = message.get("type"), frame.get("data")
+        if method not in ("reset", "step"):
+            return frame
+        data = data if isinstance(data, dict) else {}
+        missing = [k for k in ("observation", "reward", "done") if k not in data]
+        if frame.get("type") != "observation":
+            problem = f"a {frame.get('type')!r} frame"
+        elif missing:
+            problem = f"a frame without {', '.join(missing)}"
+        elif not isinstance(data["done"], bool) or not isinstance(data["reward"], int | float | None):
+            problem = f"a frame with done={data['done']!r:.40}, reward={data['reward']!r:.40}"
+        else:
+            return frame
+        raise EnvError(
+            f"OpenEnv server {url} answered {method} with {problem}, not an observation (observation, reward, done): "
+            f"{json.dumps(frame, default=str)[:200]}. The server (or a proxy before it) does not speak this OpenEnv "
+            "client's WebSocket protocol; check that both run the same OpenEnv version.",
+            method=str(method),
+        )
+
+    return checked
+
+
+@dataclass
+class _Schema:
+    """What one server's ``GET /schema`` gave: the action's text field, or the last failure and when."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    """Held across the request: one request per server at a time; the others wait for its answer."""
+    name: str | None = None
+    failure: tuple[type[Exception], str, float] | None = None
+    """(type, message, ``time.monotonic()``) of the last failed read."""
+
+
+_schemas: dict[str, _Schema] = {}  # base URL -> its schema; guarded by _schemas_lock, never held across a request
+_schemas_lock = threading.Lock()
+
+
+def _action_field(base_url: str, timeout_s: float, headers: Mapping[str, str] | None, *, stale: str = "") -> str:
+    """The name of the action's only string field, from the server's ``GET /schema``.
+
+    Read once per server (``stale``: a field the server rejected, read again); look-ups of different servers never
+    wait on each other, and a failure is remembered for ``SCHEMA_RETRY_S``, so a server that never answers costs
+    its episodes one ``timeout_s``, not one each.
+
+    Raises:
+        EnvTimeoutError: no answer within ``timeout_s``.
+        ConnectionError: the request failed.
+        ConfigError: the action is not one text field.
+    """
+    with _schemas_lock:
+        schema = _schemas.setdefault(base_url, _Schema())
+    if not schema.lock.acquire(timeout=timeout_s):
+        raise EnvTimeoutError(
+            f"OpenEnv server {base_url} did not answer GET /schema within connect_timeout_s={timeout_s} s "
+            "(another episode's request to it is still waiting); raise it if the server is just slow.",
+            method="reset",
+        )
+    try:
+        if stale and schema.name == stale:
+            schema.name = None
+        if schema.name is not None:
+            return schema.name
+        if schema.failure is not None and time.monotonic() - schema.failure[2] < SCHEMA_RETRY_S:
+            kind, message, failed_at = schema.failure
+            raise kind(  # a fresh exception: one shared by threads would share (and keep) its traceback
+                f"{message} (failed {time.monotonic() - failed_at:.1f} s ago; GET /schema is tried again "
+                f"SCHEMA_RETRY_S={SCHEMA_RETRY_S} s after a failure)"
+            )
+        try:
+            schema.name = _read_action_field(base_url, timeout_s, headers)
+        except (EnvTimeoutError, ConnectionError, ConfigError) as e:
+            schema.failure = (type(e), str(e), time.monotonic())
+            raise
+        schema.failure = None
+        return schema.name
+    finally:
+        schema.lock.release()
+
+
+def _read_action_field(base_url: str, timeout_s: float, headers: Mapping[str, str] | None) -> str:
+    http_url = re.sub(r"^ws(s?)://", r"http\1://", base_url)
+    try:
+        response = requests.get(f"{http_url}/schema", timeout=timeout_s, headers=dict(headers or {}))
+        response.raise_for_status()
+        schema = response.json().get("action", {})
+    except requests.Timeout as e:
+        raise EnvTimeoutError(
+            f"OpenEnv server {base_url} did not answer GET /schema within connect_timeout_s={timeout_s} s; "
+            "raise it if the server is just slow.",
+            method="reset",
+        ) from e
+    except (requests.RequestException, ValueError, AttributeError) as e:
+        raise ConnectionError(f"OpenEnv server {base_url}: GET /schema failed ({type(e).__name__}: {e}).") from e
+    properties = {k: v for k, v in schema.get("properties", {}).items() if k != "metadata"}
+    texts = [k for k, v in properties.items() if v.get("type") == "string"]
+    others = [k for k in schema.get("required", []) if k not in texts]
+    if len(texts) != 1 or others:
+        raise ConfigError(
+            f"the action of the OpenEnv env at {base_url} has fields {sorted(properties)}, not one text field; "
+            "pass action= to build it from the model's text, e.g. `action=lambda text: {'code': text}`."
+        )
+    return str(texts[0])
 
 
 def _as_dict(observation: Any) -> dict[str, Any]:
