@@ -112,7 +112,9 @@ class OpenEnvAdapter(Env):
             private HF Space (a client that takes ``headers=``: ``openenv`` 0.10 does, ``openenv-core`` 0.3 not).
 
     Raises:
-        ConfigError: for bad arguments, or when OpenEnv is not installed.
+        ConfigError: for bad arguments, or when OpenEnv is not installed. ``reset``/``step`` raise
+            ``EnvTimeoutError`` for a timeout, ``EpisodeFailure`` (kind ``env_bad_return``, around an ``EnvError``)
+            for a reply that is not an observation, and ``ConnectionError``/``RuntimeError`` for the rest.
     """
 
     def __init__(
