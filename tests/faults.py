@@ -12,6 +12,7 @@ import math
 import random
 import threading
 from collections import Counter
+from collections.abc import Callable
 
 import requests
 
@@ -99,10 +100,22 @@ class FaultyFactory:
 
 
 class FaultProxy:
-    """``with FaultProxy(upstream, shares) as proxy:`` then point the client at ``proxy.url``."""
+    """``with FaultProxy(upstream, shares) as proxy:`` then point the client at ``proxy.url``.
 
-    def __init__(self, upstream: str, shares: dict[str, float], *, seed: int = 0) -> None:
-        self.upstream, self.shares = upstream.rstrip("/"), shares
+    ``poison(prompt_ids)``: a prompt the "engine" fails on: every completion request carrying it gets a 500.
+    ``script``: faults for the first completion requests, in order (a transient outage), before ``shares`` apply.
+    """
+
+    def __init__(
+        self,
+        upstream: str,
+        shares: dict[str, float],
+        *,
+        seed: int = 0,
+        poison: Callable[[list[int]], bool] | None = None,
+        script: list[str] = (),
+    ) -> None:
+        self.upstream, self.shares, self.poison, self.script = upstream.rstrip("/"), shares, poison, list(script)
         self.rng, self.lock = random.Random(seed), threading.Lock()
         self.injected: Counter[str] = Counter()
         self.forwarded, self.dead = 0, False
@@ -124,14 +137,17 @@ class FaultProxy:
                 fault = proxy.pick() if self.path == "/v1/completions" else None
                 if self.path == "/v1/completions":
                     prompt = json.loads(body)["prompt"]
+                    prompts = prompt if isinstance(prompt[0], list) else [prompt]
                     with proxy.lock:
-                        proxy.largest_batch = max(
-                            proxy.largest_batch, len(prompt) if isinstance(prompt[0], list) else 1
-                        )
+                        proxy.largest_batch = max(proxy.largest_batch, len(prompts))
+                    if proxy.poison is not None and any(map(proxy.poison, prompts)):
+                        fault = "poisoned"
                 if proxy.dead:  # gone: even kept-alive connections get no answer
                     fault = "dropped_connection"
                 if fault == "http_5xx":
                     self._send(503, b'{"error": "injected overload"}')
+                elif fault == "poisoned":
+                    self._send(500, b'{"error": "injected engine error on a poisoned prompt"}')
                 elif fault == "dropped_connection":
                     self.close_connection = True
                     self.connection.shutdown(2)
@@ -160,6 +176,9 @@ class FaultProxy:
 
     def pick(self) -> str | None:
         with self.lock:
+            if self.script:
+                self.injected[self.script[0]] += 1
+                return self.script.pop(0)
             r, edge = self.rng.random(), 0.0
             for kind, share in self.shares.items():
                 edge += share

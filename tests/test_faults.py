@@ -216,12 +216,60 @@ def test_1000_episodes_with_injected_faults_against_the_real_vllm_server(vllm_se
         f"(forwarded {proxy.forwarded}); outcomes {dict(kinds)}"
     )
     print(f"[faults/vllm] factory faults {dict(factory.injected)}")
-    # A malformed answer to a batched request fails the turns of that batch (and only those).
+    # A batched request that fails is sent again in parts: a fault costs an episode only when a single prompt's
+    # request fails again (a malformed answer twice, or 2 faults in a row after its part was split off).
     malformed = sum("without usable" in r.error for r in rollouts)
-    outlived = sum("failed 3 times" in r.error for r in rollouts)  # 3 faults in a row on one request
-    assert 0 < malformed <= proxy.injected["malformed_output"] * proxy.largest_batch
+    outlived = sum(re.search(r"failed [23] times", r.error) is not None for r in rollouts)
+    injected = sum(proxy.injected.values())
+    print(f"[faults/vllm] episodes lost per injected server fault: {kinds['server_error'] / injected:.3f}")
     assert malformed + outlived == kinds["server_error"]
-    assert sum(proxy.injected.values()) > 100
+    assert kinds["server_error"] <= 0.05 * injected and injected > 100
+
+
+class ThreeTurns:
+    def __init__(self) -> None:
+        self.reward, self.alive, self.turn = 0.0, True, 0
+
+    def reset(self, seed):
+        return self, f"episode {seed}: say anything"
+
+    def step(self, action):
+        self.turn += 1
+        self.alive = self.turn < 3
+        return self, f"turn {self.turn} ok"
+
+
+def test_a_failed_batched_request_costs_no_episode_but_a_poisoned_prompts_own(vllm_server, vllm_tiny_model):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(vllm_tiny_model)
+
+    def poison(prompt_ids):  # the "engine" fails every request that carries episode 13's prompt
+        return "episode 13:" in tokenizer.decode(prompt_ids)
+
+    outage = ["http_5xx", "dropped_connection", "malformed_output"] * 2  # the first 6 requests fail: transient
+    with FaultProxy(vllm_server.base_url, {}, script=outage, poison=poison) as proxy:
+        gen = VLLMServerGenerator(proxy.url, retries=1, backoff=0.05, timeout=60, max_batch=8)
+        rollouts = batch_rollout(
+            [str(i) for i in range(64)],
+            ThreeTurns,
+            ChatMLProcessor(),
+            tokenizer,
+            gen,
+            budgets=Budgets(max_turns=3, max_new_tokens=4),
+            parse_truncated_turns=True,
+            coalesce_s=0.05,  # batches of up to 8 prompts
+        )
+    check_rows(rollouts)
+    lost = [i for i, r in enumerate(rollouts) if r.ending is Ending.ERROR]
+    print(
+        f"\n[faults/batched] proxy injected {dict(proxy.injected)} and a poisoned prompt, forwarded {proxy.forwarded} "
+        f"requests, largest batch {proxy.largest_batch}; episodes lost {len(lost)}, of which poisoned 1: "
+        f"{(len(lost) - (13 in lost)) / len(outage):.2f} per injected fault"
+    )
+    assert proxy.largest_batch > 1 and sum(proxy.injected.values()) == len(outage)
+    assert lost == [13] and "HTTP 500: " in rollouts[13].error and "poisoned prompt" in rollouts[13].error
+    assert all(len(r.turns) == 3 and r.ending is Ending.ENV_DONE for i, r in enumerate(rollouts) if i != 13)
 
 
 class SlowEnv:

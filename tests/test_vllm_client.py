@@ -223,13 +223,85 @@ def test_a_bad_choice_fails_only_its_own_turn():
         futures[1].result()
 
 
-def test_a_batch_answer_with_the_wrong_number_of_choices_fails_its_turns_naming_the_url():
-    futures = make(lambda url, json, timeout: Response(payload=completion([2]))).submit(
-        [GenerationRequest([5, i], 8, (2,)) for i in range(3)]
-    )
+def test_a_batch_answer_with_the_wrong_number_of_choices_is_sent_again_in_parts_and_costs_no_turn():
+    bodies = []
+
+    def post(url, json, timeout):  # answers one choice whatever it was asked: right only for one prompt
+        bodies.append(json["prompt"])
+        return Response(payload=echo({"prompt": json["prompt"][0] if isinstance(json["prompt"][0], list) else json["prompt"]}))
+
+    futures = make(post).submit([GenerationRequest([5, i], 8, (2,)) for i in range(3)])
+    assert [f.result().token_ids for f in futures] == [[100, 2], [101, 2], [102, 2]]
+    assert len(bodies) == 1 + 2 + 2  # the batch, its halves [0, 1] and [2], then [0] and [1]
+
+
+def test_answers_that_are_never_usable_fail_their_turns_naming_the_url_in_bounded_requests():
+    bodies = []
+
+    def post(url, json, timeout):
+        bodies.append(json)
+        return Response(payload={"choices": []})
+
+    futures = make(post).submit([GenerationRequest([5, i], 8, (2,)) for i in range(3)])
     for f in futures:
-        with pytest.raises(ServerError, match=r"127.0.0.1:1.*1 for 3 prompts"):
+        with pytest.raises(ServerError, match=r"127.0.0.1:1.*0 for 1 prompts"):
             f.result()
+    assert len(bodies) == 1 + 2 + 2 + 3  # the batch, [0, 1] and [2], [0] and [1], each single prompt once more
+
+
+def prompts_of(json):
+    return json["prompt"] if isinstance(json["prompt"][0], list) else [json["prompt"]]
+
+
+def test_a_batch_that_fails_as_a_whole_is_split_and_sent_again_so_only_the_poisoned_prompt_fails():
+    sizes = []
+
+    def post(url, json, timeout):
+        sizes.append(len(prompts_of(json)))
+        if [5, 3] in prompts_of(json):  # a prompt the engine fails on, failing every request that carries it
+            return Response(500, text="engine error")
+        return Response(payload=echo(json))
+
+    futures = make(post, retries=2).submit([GenerationRequest([5, i], 8, (2,)) for i in range(8)])
+    assert [f.result().token_ids[0] for i, f in enumerate(futures) if i != 3] == [100, 101, 102, 104, 105, 106, 107]
+    with pytest.raises(ServerError, match="HTTP 500: engine error"):
+        futures[3].result()
+    # 3 attempts of the 8; halving with one retry per failing part: [0-3] x2, [0, 1], [2, 3] x2, [2], [3] x2, [4-7]
+    assert sizes == [8, 8, 8, 4, 4, 2, 2, 2, 1, 1, 1, 4]  # depth first
+
+
+@pytest.mark.parametrize("fault", [Response(503, text="busy"), requests.ConnectionError("Connection aborted.")])
+def test_a_transient_failure_of_a_batched_request_costs_no_turn(fault):
+    sizes = []
+
+    def post(url, json, timeout):
+        sizes.append(len(prompts_of(json)))
+        if len(sizes) <= 3:  # the batch's three attempts fail
+            if isinstance(fault, Exception):
+                raise fault
+            return fault
+        return Response(payload=echo(json))
+
+    futures = make(post, retries=2).submit([GenerationRequest([5, i], 8, (2,)) for i in range(8)])
+    assert [f.result().token_ids[0] for f in futures] == [100 + i for i in range(8)]
+    assert sizes == [8, 8, 8, 4, 4]
+
+
+def test_a_server_that_cannot_be_reached_fails_the_batch_without_sending_its_parts():
+    from urllib3.exceptions import MaxRetryError, NewConnectionError
+
+    calls = []
+
+    def post(url, json, timeout):
+        calls.append(url)
+        raise requests.ConnectionError(MaxRetryError(None, url, NewConnectionError(None, "Connection refused")))
+
+    futures = make(post, retries=2).submit([GenerationRequest([5, i], 8, (2,)) for i in range(8)])
+    for f in futures:
+        with pytest.raises(ServerError, match="failed 3 times") as info:
+            f.result()
+        assert info.value.unreachable
+    assert len(calls) == 3
 
 
 def test_a_batch_refused_with_a_4xx_is_retried_one_prompt_at_a_time_so_only_the_bad_prompt_fails():

@@ -71,7 +71,15 @@ class EnvTimeoutError(EnvError):
 class ServerError(TrlEnvError, RuntimeError):
     """A generation backend failed or answered with something unusable."""
 
-    def __init__(self, message: str, *, url: str | None = None, status_code: int | None = None, body: str = "") -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        url: str | None = None,
+        status_code: int | None = None,
+        body: str = "",
+        unreachable: bool = False,
+    ) -> None:
         super().__init__(message)
         self.url = url
         """The URL that was called, if any."""
@@ -79,6 +87,9 @@ class ServerError(TrlEnvError, RuntimeError):
         """HTTP status, if any."""
         self.body = body[:2000]
         """Start of the response body."""
+        self.unreachable = unreachable
+        """No server could be reached or answered in time (refused, connect or read timeout), as opposed to a bad
+        answer or a dropped connection; re-sending parts of the request would only wait again."""
 
 
 ERROR_KINDS = ("env_exception", "env_bad_return", "env_timeout", "processor_error", "server_error", "prompt_error")

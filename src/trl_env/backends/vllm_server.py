@@ -24,9 +24,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import requests
+import urllib3
 
 from trl_env.backends.base import (
     FinishReason,
@@ -42,6 +43,7 @@ logger = logging.getLogger(__name__)
 AVOID_FAILED_S = 5.0
 """Seconds during which requests prefer other servers to one that a request just failed on."""
 
+T = TypeVar("T")
 PostFn = Callable[..., Any]
 """``post(url, json=..., timeout=...) -> response`` with ``.status_code``, ``.text``, ``.json()`` (requests' shape)."""
 
@@ -193,12 +195,43 @@ class VLLMServerGenerator(GeneratorBase):
             batches += [group[k : k + size] for k in range(0, len(group), size)]
         return batches
 
-    def _complete(self, members: list[tuple[GenerationRequest, Future[Generation]]]) -> None:
+    def _complete(
+        self,
+        members: list[tuple[GenerationRequest, Future[Generation]]],
+        resend: list[int] | None = None,
+        *,
+        again: bool = True,
+    ) -> None:
         """Sample one batch and settle each member's future: a bad choice fails only its own episode.
 
-        A batch the server refuses as a whole (a 4xx, e.g. one prompt longer than the context) is sent again
-        one prompt at a time, so that only the offending prompt fails.
+        A batch that fails as a whole (after its retries: an HTTP error, a dropped connection, an answer without
+        one usable choice per prompt) is split in two and each half is sent again (one retry each), down to single
+        prompts: a transient failure costs no episode, and a prompt the server cannot serve fails only its own. A
+        single prompt answered with nothing usable is sent once more (``again``). ``resend`` counts the re-sends
+        left to the original batch (about four per halving), so a server that fails everything costs bounded time;
+        one that cannot be reached (refused, timed out) fails the batch at once, since re-sending would only wait.
         """
+        results = self._sample(members, retries=self.retries if resend is None else min(self.retries, 1))
+        if isinstance(results, ServerError):
+            resend = [4 * len(members).bit_length() + 1] if resend is None else resend
+            unusable = results.status_code == 200  # answered, but with nothing usable (a 5xx was retried already)
+            parts = _halves(members) if len(members) > 1 else [members] if again and unusable else []
+            if parts and not results.unreachable and resend[0] >= len(parts):
+                resend[0] -= len(parts)
+                for part in parts:
+                    self._complete(part, resend, again=len(part) > 1 or part is not members)
+                return
+            results = [results] * len(members)
+        for (_, future), result in zip(members, results, strict=True):
+            if isinstance(result, Generation):
+                future.set_result(result)
+            else:
+                future.set_exception(result)
+
+    def _sample(
+        self, members: list[tuple[GenerationRequest, Future[Generation]]], *, retries: int
+    ) -> list[Generation | ServerError] | ServerError:
+        """One request for the batch: a result per member, or the ``ServerError`` that failed it as a whole."""
         first, model = members[0][0], self.model  # the policy this batch is sampled with, read once
         prompts = [r.prompt_ids for r, _ in members]
         body = {
@@ -213,21 +246,16 @@ class VLLMServerGenerator(GeneratorBase):
             **self.extra_body,
         }
         try:
-            url, data = self._post_json("/v1/completions", body, prompts=len(members))
+            url, data = self._post_json("/v1/completions", body, prompts=len(members), retries=retries)
         except ServerError as e:
-            if len(members) > 1 and e.status_code is not None and e.status_code < 500:
-                for member in members:
-                    self._complete([member])
-                return
-            for _, future in members:
-                future.set_exception(e)
-            return
+            return e
         results = parse_completions(data, url=url, requests=[r for r, _ in members], policy=model)
-        for (_, future), result in zip(members, results, strict=True):
-            if isinstance(result, Generation):
-                future.set_result(result)
-            else:
-                future.set_exception(result)
+        if all(isinstance(r, ServerError) for r in results):  # nothing usable: the answer failed as a whole
+            error = results[0]
+            assert isinstance(error, ServerError)
+            error.status_code = 200
+            return error
+        return results
 
     def _acquire(self, prompts: int, tried: Sequence[str]) -> str:
         """The server for a request: one it has not failed on, then one no request failed on lately, then least loaded.
@@ -241,30 +269,43 @@ class VLLMServerGenerator(GeneratorBase):
             self._in_flight[url] += prompts
         return url
 
-    def _post_json(self, path: str, body: dict[str, Any], *, prompts: int) -> tuple[str, Any]:
-        url, response = self._post_ok(path, body, prompts=prompts)
+    def _post_json(self, path: str, body: dict[str, Any], *, prompts: int, retries: int) -> tuple[str, Any]:
+        url, response = self._post_ok(path, body, prompts=prompts, retries=retries)
         try:
             return url, response.json()
         except ValueError as e:
-            raise ServerError(f"{url} answered with invalid JSON: {response.text[:300]!r}", url=url) from e
+            raise ServerError(
+                f"{url} answered with invalid JSON: {response.text[:300]!r}", url=url, status_code=200
+            ) from e
 
-    def _post_ok(self, path: str, body: dict[str, Any], *, url: str | None = None, prompts: int = 0) -> tuple[str, Any]:
+    def _post_ok(
+        self,
+        path: str,
+        body: dict[str, Any],
+        *,
+        url: str | None = None,
+        prompts: int = 0,
+        retries: int | None = None,
+    ) -> tuple[str, Any]:
         """POST to ``url``, or to the server ``_acquire`` picks; return the server and its 200 answer.
 
-        Connection errors, timeouts and 5xx answers are retried, on another server where there is one (a
-        data-parallel server that dies costs its requests one failed attempt each, not their episodes), with
-        exponential backoff once every server has failed this request. Other non-200 answers fail at once.
+        Connection errors, timeouts and 5xx answers are retried (``retries`` times, default ``self.retries``), on
+        another server where there is one (a data-parallel server that dies costs its requests one failed attempt
+        each, not their episodes), with exponential backoff once every server has failed this request. Other
+        non-200 answers fail at once.
         """
+        retries = self.retries if retries is None else retries
         tried: list[str] = []
         last: str = ""
-        for attempt in range(self.retries + 1):
+        unreachable = False
+        for attempt in range(retries + 1):
             if attempt and (url is not None or len(set(tried)) >= len(self.urls)):
                 time.sleep(self.backoff * 2 ** (attempt - 1) * (0.5 + random.random()))  # noqa: S311  # jitter
             target = url or self._acquire(prompts, tried)
             try:
                 response = self._post(f"{target}{path}", json=body, timeout=self.timeout)
             except (requests.ConnectionError, requests.Timeout) as e:
-                response, last = None, f"{type(e).__name__}: {e}"
+                response, last, unreachable = None, f"{type(e).__name__}: {e}", _unreachable(e)
             finally:
                 with self._lock:
                     self._in_flight[target] -= prompts  # 0 where ``url`` was given: nothing was acquired
@@ -278,14 +319,15 @@ class VLLMServerGenerator(GeneratorBase):
                     body=response.text,
                 )
             if response is not None:
-                last = f"HTTP {response.status_code}: {response.text[:300]}"
+                last, unreachable = f"HTTP {response.status_code}: {response.text[:300]}", False
             tried.append(target)
             with self._lock:
                 self._failed_at[target] = time.monotonic()
         where = ", ".join(f"{u}{path}" for u in dict.fromkeys(tried))
         raise ServerError(
-            f"{where} failed {self.retries + 1} times; last: {last}. Is the vLLM server running and reachable?",
+            f"{where} failed {retries + 1} times; last: {last}. Is the vLLM server running and reachable?",
             url=tried[-1],
+            unreachable=unreachable,
         )
 
     # -- policy sync through LoRA adapters (no NCCL, no CUDA) -------------------------------------
@@ -354,6 +396,20 @@ class VLLMServerGenerator(GeneratorBase):
                 self.urls[0],
                 mode,
             )
+
+
+def _halves(members: list[T]) -> list[list[T]]:
+    half = (len(members) + 1) // 2
+    return [members[:half], members[half:]]
+
+
+def _unreachable(error: requests.RequestException) -> bool:
+    """The server was not reached (connection refused, unresolvable, connect timeout) or did not answer in time
+    (read timeout), as opposed to a connection dropped mid-answer."""
+    if isinstance(error, requests.Timeout):
+        return True
+    reason = getattr(error.args[0], "reason", None) if error.args else None
+    return isinstance(reason, urllib3.exceptions.NewConnectionError)
 
 
 def _settle_abandoned(members: list[tuple[GenerationRequest, Future[Generation]]], task: Future[None]) -> None:
