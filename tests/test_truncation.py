@@ -172,3 +172,34 @@ def test_an_episode_cut_on_its_first_turn_is_scored_with_the_reward_after_reset(
 def test_an_episode_cut_on_its_first_turn_lets_a_truncatable_env_settle_its_reward(tokenizer, model):
     [cut] = first_turn_cut(tokenizer, model, PartialCreditEnv, ["4"])
     assert cut.reward == 0.0 and cut.info["truncated"] == "length" and cut.info["env"] == {"over": "length", "moves": 0}
+
+
+def test_the_async_worker_scores_an_episode_cut_on_its_first_turn(tokenizer, model):
+    from trl_env import TransformersGenerator
+    from trl_env.integrations.async_grpo import TrlEnvRolloutWorker
+
+    groups = []
+    worker = TrlEnvRolloutWorker(
+        ScoredAtReset,
+        ChatMLProcessor(),
+        tokenizer,
+        TransformersGenerator(model, pad_token_id=tokenizer.pad_token_id),
+        ["3"],
+        num_generations=2,
+        max_staleness=1,
+        max_inflight_groups=1,
+        max_turns=4,
+        max_new_tokens=2,
+        max_completion_length=32,
+        on_group=lambda record, rollouts: groups.append(rollouts),
+    )
+    worker.update_model_version(1)
+    worker.start()
+    try:
+        rows = [worker.rollout_buffer.get(timeout=120) for _ in range(2)]
+    finally:
+        worker.stop()
+    first = groups[0]
+    assert all(r.ending is Ending.LENGTH and len(r.turns) == 1 for r in first)
+    assert [r.reward for r in first] == [-0.25, -0.25] and len(rows) == 2
+    assert worker.counts["unscored"] == 0  # was 2: pushed with advantage 0 as if they had no reward
