@@ -255,14 +255,15 @@ def report_admission(
         stale = sum(run["dropped_stale"] for run in runs[label])
         per_run = ", ".join(f"{run['dropped_stale']}/{run['ended']}" for run in runs[label])
         rows.append([label, str(opts.inflight or (staleness + 1) * opts.groups),
-                     _common.fmt_range(pooled(runs[label], "step_s")), f"{median(pooled(runs[label], 'idle')):.0%}",
+                     _common.fmt_range(pooled(runs[label], "step_s")),
+                     f"{sum(pooled(runs[label], 'wait_s')) / sum(pooled(runs[label], 'step_s')):.1%}",
                      f"{median(pooled(runs[label], 'staleness')):.2f}",
                      f"{stale / ended if ended else float('nan'):.1%} ({per_run})"])  # fmt: skip
     print(f"\n## The async worker's admission rule, {opts.groups * NUM_GENERATIONS} samples/step ({opts.groups} "
           f"groups x {NUM_GENERATIONS}), {opts.turns} turns x <= {opts.tokens} tokens, {opts.reps} rep(s) x "
           f"{opts.steps} steps ({opts.steps - opts.warmup} timed)\n")  # fmt: skip
     print(_common.markdown_table(["variant", "group threads", "s / optimizer step, median (min-max)",
-                                  "trainer idle (median)", "staleness (mean)",
+                                  "trainer idle (waited / timed)", "staleness (mean)",
                                   "dropped stale / episodes ended (per run)"], rows))  # fmt: skip
     print(f"\n{notes}; server: {config}")
     _common.save_json(out / "bench_async_admission.json", dict(options=vars(opts), runs=runs, machine=notes,

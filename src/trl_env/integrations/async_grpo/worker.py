@@ -24,6 +24,7 @@ from trl_env.backends.base import Generation, GenerationRequest, Generator, Gene
 from trl_env.backends.vllm_server import VLLMServerGenerator
 from trl_env.env import Env
 from trl_env.errors import ConfigError, ServerError
+from trl_env.integrations.async_grpo.buffer import _RolloutBuffer
 from trl_env.integrations.async_grpo.rows import (
     GroupRecord,
     ScaleRewards,
@@ -73,10 +74,11 @@ class TrlEnvRolloutWorker:
     the one shared generator, score the group and push its rows. So up to ``max_inflight_groups ×
     num_generations`` episodes are in flight at once, and a group is pushed as soon as its own episodes end.
 
-    The admission rule: a group starts only if the trainer will read its rows before they go stale, counting
-    the rows of earlier groups not yet read ahead of them: ``unread + read_this_version + num_generations <=
-    (max_staleness + 1) × rows_per_version``. ``rows_per_version`` is what the trainer read between its last two
-    syncs (``buffer_size`` until it is known); a group always starts when no row is unread.
+    The admission rule: a group starts only if the trainer will read its rows before they go stale. They are
+    read after the rows of earlier groups not yet read (``unread``), and the trainer reads ``rows_per_version``
+    rows per policy version, so: ``unread + num_generations <= max(rows_per_version - read_this_version, 0) +
+    max_staleness × rows_per_version``. ``rows_per_version`` is what the trainer read between its last two syncs
+    (``buffer_size`` until it is known); a group always starts when no row is unread.
 
     Args:
         env_factory: builds a fresh env; called once per episode.
@@ -601,100 +603,6 @@ class TrlEnvRolloutWorker:
             return
         with self._transcripts_lock:
             write_transcripts(logging_options.transcripts, rollouts, step=version, tokenizer=self.tokenizer)
-
-
-class _RolloutBuffer(queue.Queue):  # type: ignore[type-arg]  # of RolloutSample
-    """A bounded ``queue.Queue`` whose producer checks staleness under the queue's lock, and the admission rule.
-
-    ``update_model_version`` changes the version and then calls ``evict``; ``put_fresh`` decides and
-    puts under the same lock. So once ``update_model_version(v)`` has returned, no row older than
-    ``v - max_staleness`` is in the buffer, and the trainer (which reads after that call) never has to
-    drop one. Uses ``Queue``'s documented subclass hooks (``_qsize``, ``_put``, ``_get``) and its lock.
-
-    Admission: ``claimed`` counts the rows of started groups not yet read, evicted or given up (``release``),
-    ``reads`` the rows read since the last sync. A group's rows are read after the ``claimed`` ones, at
-    ``rows_per_version`` per version, so they are read within ``max_staleness`` versions of its start if
-    ``claimed + reads + n <= (max_staleness + 1) × rows_per_version`` (``claim``).
-    """
-
-    def __init__(self, maxsize: int, rows_per_version: int) -> None:
-        super().__init__(maxsize)
-        self.may_start = threading.Condition(self.mutex)
-        self.claimed = 0
-        self.reads = 0
-        self.rows_per_version = rows_per_version
-        """The trainer's reads between its last two syncs; the given estimate until then."""
-        self._versions_read = 0
-
-    def claim(self, n: int, max_staleness: int, timeout: float) -> bool:
-        """Claim ``n`` rows for a group if the admission rule lets it start; else ``False`` after ``timeout``."""
-        with self.may_start:
-            if not self._admits(n, max_staleness):
-                self.may_start.wait(timeout)
-                if not self._admits(n, max_staleness):
-                    return False
-            self.claimed += n
-            return True
-
-    def _admits(self, n: int, max_staleness: int) -> bool:
-        # With nothing unread, a group starts whatever the rule says: the trainer waits for it.
-        return not self.claimed or self.claimed + self.reads + n <= (max_staleness + 1) * self.rows_per_version
-
-    def release(self, n: int) -> None:
-        """Give up ``n`` claimed rows that will never be read (no row made, stale, stopped)."""
-        if n:
-            with self.may_start:
-                self.claimed -= n
-                assert self.claimed >= 0, self.claimed
-                self.may_start.notify_all()
-
-    def next_version(self) -> None:
-        """The trainer synced: measure its reads per version and start counting again."""
-        with self.may_start:
-            if self.reads:
-                # The trainer's first version with reads also fills its data loader's one-batch lookahead.
-                if self._versions_read:
-                    self.rows_per_version = self.reads
-                self._versions_read += 1
-            self.reads = 0
-            self.may_start.notify_all()
-
-    def _get(self) -> Any:
-        item = super()._get()
-        self.claimed -= 1
-        self.reads += 1
-        self.may_start.notify_all()
-        return item
-
-    def put_fresh(self, item: Any, stale: Callable[[Any], bool], timeout: float) -> str:
-        """Put ``item`` unless ``stale(item)``; returns ``"pushed"``, ``"stale"`` or ``"full"`` (after ``timeout``)."""
-        with self.not_full:
-            if 0 < self.maxsize <= self._qsize():
-                self.not_full.wait(timeout)
-                if 0 < self.maxsize <= self._qsize():
-                    return "full"
-            if stale(item):
-                self.claimed -= 1
-                self.may_start.notify_all()
-                return "stale"
-            item.enqueued_at = time.time()
-            self._put(item)
-            self.unfinished_tasks += 1
-            self.not_empty.notify()
-            return "pushed"
-
-    def evict(self, stale: Callable[[Any], bool]) -> int:
-        """Remove every stale item; returns how many."""
-        with self.mutex:
-            keep = [item for item in self.queue if not stale(item)]
-            evicted = len(self.queue) - len(keep)
-            if evicted:
-                self.queue.clear()
-                self.queue.extend(keep)
-                self.claimed -= evicted
-                self.not_full.notify(evicted)
-                self.may_start.notify_all()
-            return evicted
 
 
 class _GroupGenerator(GeneratorBase):
