@@ -1,7 +1,8 @@
 """trl_env.sandbox: escape attempts fail safely with the right status; normal code runs; output is capped.
 
 Most tests go through all layers at once; the `kernel_*` tests turn the audit hook off to show that the
-kernel layers (network namespace, the `nobody` user, RLIMIT_NPROC) hold on their own, where this machine has them.
+kernel layers (bwrap's namespaces, the `nobody` user, RLIMIT_NPROC) hold on their own. The adversarial suite
+(attacks tried as a reward-maximising policy would) is tests/test_sandbox_adversarial.py.
 """
 
 from __future__ import annotations
@@ -152,7 +153,9 @@ def test_kernel_alone_stops_writes_to_a_directory_nobody_owns(tmp_path, kernel_l
         pytest.skip("not running as root: the code runs as this user, the audit hook is the only guard")
     target = str(tmp_path / "escaped.txt")
     result = run(f"open({target!r}, 'w').write('escaped')", KERNEL_ONLY)
-    assert result.status is SandboxStatus.ERROR and "Permission denied" in result.stderr
+    # the directory is not even in the sandbox's file-system view (mount namespace); where it is, nobody cannot write
+    assert result.status is SandboxStatus.ERROR
+    assert "No such file or directory" in result.stderr or "Permission denied" in result.stderr
     assert not os.path.exists(target)
 
 
@@ -183,7 +186,9 @@ def test_kernel_alone_has_no_network(listener, kernel_layers):
         pytest.skip("no CAP_SYS_ADMIN: no network namespace, the audit hook is the only guard")
     port = listener.getsockname()[1]
     result = run(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)", KERNEL_ONLY)
-    assert result.status is SandboxStatus.ERROR and "unreachable" in result.stderr
+    # the sandbox's own loopback (bwrap brings it up): nothing listens there, the trainer's is out of reach
+    assert result.status is SandboxStatus.ERROR
+    assert "unreachable" in result.stderr or "Connection refused" in result.stderr
     assert_nobody_connected(listener)
 
 

