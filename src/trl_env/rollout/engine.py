@@ -12,7 +12,7 @@ from __future__ import annotations
 import queue
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -29,10 +29,11 @@ from trl_env.errors import (
 )
 from trl_env.processors.base import check_processor, stop_token_ids
 from trl_env.rollout.episode import Calls, EnvText, Episode, Opened, Stepped, check_env_timeout
+from trl_env.rollout.history import DeployedHistory, History, as_history
 from trl_env.rollout.records import Budgets, Ending, Rollout, Turn
 from trl_env.rollout.workers import Workers, drain
 
-__all__ = ["COALESCE_S", "Budgets", "Ending", "Rollout", "Turn", "batch_rollout"]
+__all__ = ["COALESCE_S", "Budgets", "Ending", "History", "Rollout", "Turn", "batch_rollout"]
 
 COALESCE_S = 0.01
 """The shortest window of ``coalesce_s="auto"``: a ready turn waits at most 10 ms for the turns prepared beside it."""
@@ -60,6 +61,8 @@ def batch_rollout(
     env_timeout: float | None = 300.0,
     coalesce_s: float | Literal["auto"] = "auto",
     on_episode_end: Callable[[int], None] | None = None,
+    history: History | str = History.SAMPLED,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[Rollout]:
     """Run one episode per seed, each with a fresh env from ``env_factory()``, and return them in order.
 
@@ -91,12 +94,20 @@ def batch_rollout(
             turns arrive spread out, fast envs' in bursts). 0 hands over every turn as soon as it is ready.
         on_episode_end: called with an episode's index as it ends (on the scheduler thread), e.g. for a
             progress bar.
+        history: ``"sampled"`` (default): each turn is sampled from every token so far, as sampled; one row per
+            episode. ``"deployed"``: each turn is sampled from the chat template's rendering of the conversation so
+            far (``tokenizer.apply_chat_template``: earlier reasoning dropped or rewritten as the template does, env
+            text kept plain); ``Rollout.rows`` holds one row per turn, consecutive turns merged where a context
+            extends the previous row verbatim. Token budgets then bound each row (``max_completion_tokens``) and each
+            turn's context (``max_context``). See docs/history.md.
+        template_kwargs: with ``history="deployed"``, extra chat-template variables (``{"enable_thinking": False}``).
 
     Returns:
         One ``Rollout`` per seed, in the order of ``seeds``.
 
     Raises:
-        ConfigError: for a non-callable ``env_factory``, a negative ``coalesce_s``, or bad budgets or stop strings.
+        ConfigError: for a non-callable ``env_factory``, a negative ``coalesce_s``, or bad budgets or stop strings;
+            with ``history="deployed"``, a template trl-env cannot render exactly (the message says why).
         ProcessorError: for a processor missing a method.
         EnvError: only with ``strict=True``.
     """
@@ -111,7 +122,11 @@ def batch_rollout(
     budgets = budgets or Budgets()
     stops = stop_token_ids(processor, tokenizer)
     closer = str(tokenizer.decode([stops[0]], skip_special_tokens=False))
-    calls = Calls(env_factory, processor, EnvText(tokenizer), budgets.max_turns, closer)
+    text = EnvText(tokenizer)
+    deployed = None
+    if as_history(history) is History.DEPLOYED:
+        deployed = DeployedHistory.check(processor, tokenizer, text, template_kwargs)
+    calls = Calls(env_factory, processor, text, budgets.max_turns, closer, deployed)
     engine = _Engine(
         calls, generator, budgets, stops, parse_truncated_turns, strict, env_timeout, coalesce_s, on_episode_end
     )
@@ -167,7 +182,8 @@ class _Engine:
                     if future in generations:
                         ep = generations.pop(future)
                         if self._on_generation(ep, future):
-                            self._submit(ep, "step", self.calls.step, ep.index, ep.env, ep.sampled, len(ep.turns) + 1)
+                            turn = len(ep.turns) + 1
+                            self._submit(ep, "step", self.calls.step, ep.index, ep.env, ep.sampled, turn, ep.messages)
                     elif future in self.env_calls:  # else: an abandoned call that returned late
                         ep, kind = self._pop(future)
                         if self._on_env_call(ep, kind, future):
@@ -299,7 +315,7 @@ class _Engine:
         return False
 
     def _on_open(self, ep: Episode, opened: Opened) -> bool:
-        ep.env, ep.prompt_ids, ep.reward = opened.env, opened.prompt_ids, opened.reward
+        ep.env, ep.prompt_ids, ep.reward, ep.messages = opened.env, opened.prompt_ids, opened.reward, opened.messages
         if opened.env_info is not None:
             ep.info["env"] = opened.env_info
         if not opened.alive:
@@ -316,6 +332,13 @@ class _Engine:
         if stepped.env_info is not None:
             ep.info["env"] = stepped.env_info
         env_ids = stepped.next_ids
+        if stepped.messages is not None:
+            ep.messages = stepped.messages
+            if env_ids is not None:
+                context = ep.prompt_ids + ep.completion_ids
+                if env_ids[: len(context)] != context:  # the template rewrote the history: the turn opens a new row
+                    return self._new_row(ep, stepped, env_ids)
+                env_ids = env_ids[len(context) :]
         if env_ids is not None and ep.room(self.budgets, extra=len(env_ids)) < 1:
             ep.info["delta_too_long"] = len(env_ids)  # appending it would overshoot: stop before it
             ep.append_env(stepped, [])
@@ -325,6 +348,19 @@ class _Engine:
         if env_ids is None:
             self._end(ep, Ending.ENV_DONE if not stepped.alive else Ending.MAX_TURNS)
         return ep.ending is None
+
+    def _new_row(self, ep: Episode, stepped: Stepped, prompt_ids: list[int]) -> bool:
+        """``history="deployed"``: the next turn's prompt does not extend the current row, so it starts a row."""
+        room = min(self.budgets.max_new_tokens, self.budgets.max_completion_tokens)
+        if self.budgets.max_context is not None:
+            room = min(room, self.budgets.max_context - len(prompt_ids))
+        ep.append_env(stepped, [])
+        if room < 1:
+            ep.info["prompt_too_long"] = len(prompt_ids)
+            self._end(ep, Ending.LENGTH)
+            return False
+        ep.start_row(prompt_ids)
+        return True
 
     def _on_generation(self, ep: Episode, future: Future[Generation]) -> bool:
         """Append a sampled turn; return True if the env should step on it."""

@@ -26,7 +26,8 @@ from trl_env.calling.types import ToolResults
 from trl_env.env import Closable, Env, Seed, Truncatable, check_result
 from trl_env.errors import ConfigError, EnvError, EnvTimeoutError, EpisodeFailure, ProcessorError
 from trl_env.processors.base import FamilyProcessor, Processor
-from trl_env.rollout.records import Budgets, Ending, Rollout, Turn
+from trl_env.rollout.history import DeployedHistory, Message
+from trl_env.rollout.records import Budgets, Ending, Rollout, Row, Turn
 
 T = TypeVar("T")
 _SENTINEL = "TRLENVDELTA7f3a9c"  # plain text no processor rewrites; locates the env text in a rendering
@@ -60,6 +61,8 @@ class Opened:
     """The env's reward after ``reset``: the episode's, should its first turn be cut before any step."""
     env_info: dict[str, Any] | None = None
     """The env's ``info`` after ``reset``, JSON-safe; ``None`` without one."""
+    messages: list[Message] | None = None
+    """With ``history="deployed"``: the conversation so far (``prompt_ids`` is its rendering); else ``None``."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,9 @@ class Stepped:
     """The env's ``info`` after the step, JSON-safe; ``None`` without one."""
     tool_calls: tuple[tuple[str, bool], ...] = ()
     """(tool name, succeeded) for each tool result the env answered with."""
+    messages: list[Message] | None = None
+    """With ``history="deployed"``: the conversation so far, and ``next_ids`` is the next turn's whole prompt (the
+    template's rendering of it), not the text to append."""
 
 
 @dataclass(frozen=True)
@@ -256,6 +262,8 @@ class Calls:
     max_turns: int
     closer: str
     """The end-of-turn token as text: closes a turn cut by the length limit before the next user turn."""
+    deployed: DeployedHistory | None = None
+    """With ``history="deployed"``: renders each turn's whole prompt with the chat template."""
 
     def open(self, index: int, seed: Seed | BaseException) -> Opened:
         """Build the env, reset it with ``seed`` and tokenise the opening prompt."""
@@ -275,11 +283,21 @@ class Calls:
             )
         result = call("env_exception", env.reset, seed)
         checked = call("env_bad_return", check_result, result, env, method="reset", env_index=index, turn=0)
+        if self.deployed is not None:
+            messages = self.deployed.opening(checked.delta)
+            prompt_ids = self.deployed.encode(messages)
+            return Opened(checked.env, prompt_ids, checked.alive, checked.reward, checked.info, messages)
         prompt_ids = self.text.render(self.processor.init_system_input, checked.delta)
         return Opened(checked.env, prompt_ids, checked.alive, checked.reward, checked.info)
 
-    def step(self, index: int, env: Env, sampled: Generation, turn: int) -> Stepped:
-        """Decode and parse the sampled turn, step the env with the action, tokenise what follows."""
+    def step(
+        self, index: int, env: Env, sampled: Generation, turn: int, messages: list[Message] | None = None
+    ) -> Stepped:
+        """Decode and parse the sampled turn, step the env with the action, tokenise what follows.
+
+        With ``history="deployed"`` (``messages``: the conversation the turn was sampled from), what follows is the
+        next turn's whole prompt: the template's rendering of the conversation with this reply and the env's answer.
+        """
         started = time.perf_counter()
         text = call("server_error", self.text.tokenizer.decode, sampled.token_ids, skip_special_tokens=False)
         parsed, status = call("processor_error", _parse, self.processor, text)
@@ -294,7 +312,12 @@ class Calls:
         result = call("env_exception", env.step, parsed[1])
         checked = call("env_bad_return", check_result, result, env, method="step", env_index=index, turn=turn)
         next_ids = None
-        if checked.alive and turn < self.max_turns:
+        if messages is not None:
+            assert self.deployed is not None
+            messages = [*messages, self.deployed.reply(text), {"role": "user", "content": checked.delta}]
+            if checked.alive and turn < self.max_turns:
+                next_ids = self.deployed.encode(messages)
+        elif checked.alive and turn < self.max_turns:
             lead = "" if sampled.finish_reason is FinishReason.STOP else self.closer
             if isinstance(checked.delta, ToolResults) and isinstance(self.processor, ToolProcessor):
                 pieces = call("processor_error", self.processor.append_segments, checked.delta)
@@ -315,6 +338,7 @@ class Calls:
             alive=checked.alive,
             env_s=time.perf_counter() - started,
             next_ids=next_ids,
+            messages=messages,
         )
 
     @staticmethod
@@ -375,6 +399,12 @@ class Episode:
     ending: Ending | None = None
     error: str = ""
     info: dict[str, Any] = field(default_factory=dict)
+    messages: list[Message] | None = None
+    """With ``history="deployed"``: the conversation so far; ``prompt_ids`` + ``completion_ids`` is the current row."""
+    rows: list[Row] = field(default_factory=list)
+    """Finished rows (``history="deployed"``): the current one is ``prompt_ids``, ``completion_ids``, ... ."""
+    row_turns: int = 0
+    """Model turns in the current row."""
 
     def room(self, budgets: Budgets, extra: int = 0) -> int:
         """Tokens the next model turn may sample once ``extra`` more env tokens are appended."""
@@ -389,6 +419,7 @@ class Episode:
         self.completion_ids += sampled.token_ids
         self.logprobs += sampled.logprobs
         self.env_mask += [1] * len(sampled.token_ids)
+        self.row_turns += 1
         self.sampled = sampled
         self.generation_s = time.perf_counter() - self.submitted_at
 
@@ -418,6 +449,16 @@ class Episode:
         self.env_mask += [0] * len(env_ids)
         self.sampled = None
 
+    def start_row(self, prompt_ids: list[int]) -> None:
+        """Close the current row and open one whose prompt is ``prompt_ids`` (a context that does not extend it)."""
+        assert self.sampled is None and self.completion_ids, "a row closes after its turn"
+        self.rows.append(self._row())
+        self.prompt_ids, self.completion_ids, self.logprobs, self.env_mask = prompt_ids, [], [], []
+        self.row_turns = 0
+
+    def _row(self) -> Row:
+        return Row(self.prompt_ids, self.completion_ids, self.logprobs, self.env_mask, self.row_turns)
+
     def finish(self, ending: Ending, error: str = "") -> None:
         """Record the episode's one ending."""
         assert self.ending is None, "an episode ends once"
@@ -428,6 +469,11 @@ class Episode:
         assert self.ending is not None, "every episode ends"
         # No reward without a model turn (it would only shift the group's baseline) or after a failure.
         scored = self.ending is not Ending.ERROR and bool(self.turns)
+        if not self.completion_ids and self.rows:  # a row opened, then the episode failed before its turn was sampled
+            last = self.rows.pop()
+            self.prompt_ids, self.completion_ids, self.logprobs, self.env_mask = (
+                last.prompt_ids, last.completion_ids, last.logprobs, last.env_mask)  # fmt: skip
+            self.row_turns = last.turns
         prompt_ids, completion_ids, logprobs, env_mask = (
             self.prompt_ids,
             self.completion_ids,
@@ -451,6 +497,7 @@ class Episode:
             ending=self.ending,
             error=self.error,
             info=self.info,
+            rows=(*self.rows, Row(prompt_ids, completion_ids, logprobs, env_mask, self.row_turns)),
         )
 
 

@@ -81,6 +81,20 @@ class Turn:
 
 
 @dataclass(frozen=True)
+class Row:
+    """One training row, token-exact: each model turn it holds was sampled from ``prompt_ids + completion_ids[:k]``."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    """One entry per completion token: the sampler's logprob, 0.0 on env tokens."""
+    env_mask: list[int]
+    """One entry per completion token: 1 = sampled (trained on), 0 = env text."""
+    turns: int
+    """How many of the episode's model turns it holds (consecutive ones)."""
+
+
+@dataclass(frozen=True)
 class Rollout:
     """One finished episode, token-exact: ``prompt_ids + completion_ids`` is what the sampler saw."""
 
@@ -97,6 +111,9 @@ class Rollout:
     """For ``Ending.ERROR``: the error message and the last lines of its traceback."""
     info: dict[str, Any] = field(default_factory=dict)
     """Extra facts, e.g. ``placeholder=True`` when the completion is a single masked stand-in token."""
+    rows: tuple[Row, ...] = ()
+    """The training rows, in turn order. ``history="sampled"``: one, the rollout's own lists. ``"deployed"``: one
+    per turn whose context does not extend the previous row verbatim; the rollout's own lists are the last row's."""
 
     @property
     def terminated(self) -> bool:
