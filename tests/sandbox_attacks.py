@@ -12,7 +12,6 @@ import dataclasses
 import json
 import os
 import socket
-import stat
 import sys
 import tempfile
 import time
@@ -47,7 +46,8 @@ ATTACKS = [
     A("kill-all-visible", "siblings", "import signal\nattempt(lambda: os.kill(-1, signal.SIGKILL))\nprint('done')"),
     A("kill-pid-scan", "siblings", "n = 0\nfor p in range(2, 40000):\n    try:\n        os.kill(p, 9); n += 1\n"
       "    except Exception:\n        pass\nif n:\n    escaped(f'signalled {n} processes')"),
-    A("pidfd-siblings", "siblings", "import signal\nfor p in range(2, 40000):\n    try:\n        fd = os.pidfd_open(p)\n"
+    A("pidfd-siblings", "siblings", "import signal\nfor p in range(2, 40000):\n    try:\n"
+      "        fd = os.pidfd_open(p)\n"
       "    except ProcessLookupError:\n        continue\n    signal.pidfd_send_signal(fd, signal.SIGKILL)\n"
       "    escaped(f'pidfd kill {p}')"),
     A("swap-sibling-main", "siblings", "import glob\nfor d in glob.glob('/tmp/trl_env_sandbox_*'):\n"
@@ -56,8 +56,10 @@ ATTACKS = [
     A("proc-of-siblings", "siblings", "pids = [p for p in os.listdir('/proc') if p.isdigit()]\n"
       "if len(pids) > 1:\n    escaped(f'sees other processes {pids}')"),
     A("kill-trainer", "signals", "attempt(lambda: os.kill(@TRAINER@, 9))"),
-    A("kill-ppid", "signals", "attempt(lambda: os.kill(os.getppid(), 9))\nattempt(lambda: os.killpg(0, 9))\nprint('ok')"),
-    A("ptrace-trainer", "processes", LIBC + "r = libc.ptrace(16, @TRAINER@, 0, 0)\nif r == 0:\n    escaped('attached')"),
+    A("kill-ppid", "signals", "attempt(lambda: os.kill(os.getppid(), 9))\nattempt(lambda: os.killpg(0, 9))\n"
+      "print('ok')"),
+    A("ptrace-trainer", "processes", LIBC + "r = libc.ptrace(16, @TRAINER@, 0, 0)\nif r == 0:\n"
+      "    escaped('attached')"),
     # reads
     A("read-secret", "reads", "s = attempt(lambda: open('@SECRET@').read())\nif s:\n    escaped(s)"),
     A("read-secret-symlink", "reads", "attempt(lambda: os.symlink('@SECRET@', 'l'))\n"
@@ -83,10 +85,12 @@ ATTACKS = [
     A("write-host-tmp", "writes", "attempt(lambda: open('/tmp/@TOKEN@', 'w').write('x'))"),
     A("write-dev-shm", "writes", "attempt(lambda: open('/dev/shm/@TOKEN@', 'w').write('x'))\n"
       "import os\nif os.path.exists('/dev/shm/@TOKEN@'):\n    escaped('wrote /dev/shm outside the size limit')"),
-    A("write-root-fs", "writes", "for p in ('/@TOKEN@', '/usr/@TOKEN@', '/.trl_env_sandbox/@TOKEN@', '/var/tmp/@TOKEN@'):\n"
+    A("write-root-fs", "writes", "for p in ('/@TOKEN@', '/usr/@TOKEN@', '/.trl_env_sandbox/@TOKEN@', "
+      "'/var/tmp/@TOKEN@'):\n"
       "    attempt(lambda: open(p, 'w').write('x'))\n    if os.path.exists(p):\n        escaped(p)"),
     A("chmod-host", "writes", "attempt(lambda: os.chmod('@PROBE@', 0o777))\nattempt(lambda: os.chmod('/usr', 0o777))"),
-    A("write-proc-sys", "writes", "for p in ('/proc/sys/kernel/hostname', '/proc/sysrq-trigger', '/proc/self/oom_score_adj'):\n"
+    A("write-proc-sys", "writes", "for p in ('/proc/sys/kernel/hostname', '/proc/sysrq-trigger', "
+      "'/proc/self/oom_score_adj'):\n"
       "    attempt(lambda: open(p, 'w').write('1'))"),
     A("write-child-program", "writes", "attempt(lambda: open('/.trl_env_sandbox/child.py', 'a').write('#'))"),
     A("setuid-plant", "writes", "import shutil\nattempt(lambda: shutil.copy('/usr/bin/env', 'env'))\n"
@@ -95,10 +99,12 @@ ATTACKS = [
     A("rename-workdir-symlink-root", "root-side", "w = os.getcwd()\nos.chdir('/')\n"
       "attempt(lambda: os.rename(w, w + '.moved'))\nattempt(lambda: os.symlink('@PROBE@', w))"),
     A("symlink-in-workdir", "root-side", "attempt(lambda: os.symlink('@PROBE@', 'link'))\n"
-      "attempt(lambda: os.symlink('@PROBE@/a', 'dirlink'))\nattempt(lambda: os.makedirs('a/b'))\nattempt(lambda: os.chmod('a', 0))"),
+      "attempt(lambda: os.symlink('@PROBE@/a', 'dirlink'))\nattempt(lambda: os.makedirs('a/b'))\n"
+      "attempt(lambda: os.chmod('a', 0))"),
     A("main-py-symlink", "root-side", "attempt(lambda: os.remove('main.py'))\n"
       "attempt(lambda: os.symlink('@SECRET@', 'main.py'))\n1 / 0"),
-    A("leave-files-behind", "root-side", "for i in range(50):\n    attempt(lambda: open(f'f{i}', 'w').write('x' * 1000))"),
+    A("leave-files-behind", "root-side", "for i in range(50):\n"
+      "    attempt(lambda: open(f'f{i}', 'w').write('x' * 1000))"),
     # files that are not files
     A("mkfifo", "native", "attempt(lambda: os.mkfifo('fifo'))\nif os.path.exists('fifo'):\n    escaped('made a FIFO')"),
     A("mknod-device", "native", "import stat\nattempt(lambda: os.mknod('n', stat.S_IFIFO | 0o666))\n"
@@ -106,21 +112,25 @@ ATTACKS = [
     A("memfd", "resources", "fd = os.memfd_create('x')\nos.write(fd, b'x' * 2**23)\n"
       "escaped('memory in a memfd, outside RLIMIT_AS')"),
     # network
-    A("tcp-trainer", "network", "import socket\nattempt(lambda: socket.create_connection(('127.0.0.1', @PORT@), timeout=1))"),
+    A("tcp-trainer", "network", "import socket\n"
+      "attempt(lambda: socket.create_connection(('127.0.0.1', @PORT@), timeout=1))"),
     A("udp-trainer", "network", "import socket\ns = attempt(lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))\n"
       "attempt(lambda: s.sendto(b'x', ('127.0.0.1', @PORT@)))"),
-    A("dns", "network", "import socket\nr = attempt(lambda: socket.getaddrinfo('pypi.org', 443))\nif r:\n    escaped(r)"),
+    A("dns", "network", "import socket\nr = attempt(lambda: socket.getaddrinfo('pypi.org', 443))\nif r:\n"
+      "    escaped(r)"),
     A("outside-ip", "network", "import socket\nattempt(lambda: socket.create_connection(('1.1.1.1', 53), timeout=1))"),
     A("unix-socket-path", "network", "import socket\ns = attempt(lambda: socket.socket(socket.AF_UNIX))\n"
       "attempt(lambda: s.connect('@UNIX@'))"),
     A("unix-socket-abstract", "network", "import socket\ns = attempt(lambda: socket.socket(socket.AF_UNIX))\n"
       "attempt(lambda: s.connect('\\0@TOKEN@'))"),
-    A("raw-packet-socket", "network", "import socket\nattempt(lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW))"),
+    A("raw-packet-socket", "network", "import socket\n"
+      "attempt(lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW))"),
     # processes
     A("fork", "processes", "attempt(os.fork)"),
     A("os-system", "processes", "attempt(lambda: os.system('touch @HOST@/spawned'))"),
     A("posix-spawn", "processes", "attempt(lambda: os.posix_spawn(" + SPAWN_PATHS + ", {}))"),
-    A("exec-shell", "processes", "attempt(lambda: os.execv('/bin/sh', ['sh', '-c', 'touch @HOST@/spawned; echo ESCAPED: $(cat @SECRET@)']))"),
+    A("exec-shell", "processes", "attempt(lambda: os.execv('/bin/sh', ['sh', '-c', "
+      "'touch @HOST@/spawned; echo ESCAPED: $(cat @SECRET@)']))"),
     A("thread", "processes", "import threading\nattempt(lambda: threading.Thread(target=print).start())"),
     A("posixsubprocess", "processes", "import _posixsubprocess\nprint('imported')"),
     A("unshare-userns", "processes", "r = attempt(lambda: os.unshare(0x10000000))\nprint('unshare', r)"
@@ -136,7 +146,8 @@ ATTACKS = [
     A("ctypes-bpf", "native", LIBC + "print(libc.syscall(321, 0, 0, 0))"),
     A("proc-self-mem", "native", "f = attempt(lambda: open('/proc/self/mem', 'r+b'))\nprint(f)"),
     # disabling the protections
-    A("gc-hook-rewire", "disable", "import gc\nh = attempt(lambda: [f for f in gc.get_objects() if getattr(f, '__name__', '') == 'hook'])\n"
+    A("gc-hook-rewire", "disable", "import gc\n"
+      "h = attempt(lambda: [f for f in gc.get_objects() if getattr(f, '__name__', '') == 'hook'])\n"
       "if h:\n    attempt(lambda: setattr(h[0], '__defaults__', ()))\n"
       "s = attempt(lambda: open('@SECRET@').read())\nif s:\n    escaped(s)"),
     A("setprofile-event", "disable",
@@ -147,21 +158,25 @@ ATTACKS = [
       "s = attempt(lambda: open('@SECRET@').read())\nif s:\n    escaped(s)"),
     A("settrace-event", "disable", "import sys\ndef tr(frame, event, arg):\n    return tr\n"
       "attempt(lambda: sys.settrace(tr))\ns = attempt(lambda: open('@SECRET@').read())\nif s:\n    escaped(s)"),
-    A("raise-limits", "disable", "import resource\nattempt(lambda: resource.setrlimit(resource.RLIMIT_AS, (2**40, 2**40)))\n"
+    A("raise-limits", "disable", "import resource\n"
+      "attempt(lambda: resource.setrlimit(resource.RLIMIT_AS, (2**40, 2**40)))\n"
       "if resource.getrlimit(resource.RLIMIT_AS)[1] > 2**32:\n    escaped('raised RLIMIT_AS')"),
     A("close-status-fd", "disable", "import json\nchan = json.loads(sys.argv[1])['channel']\nos.close(chan)\n"
       "try:\n    open('/etc/passwd')\nexcept Exception:\n    pass\nprint('hid it')", hidden_refusal=True),
     A("replace-status-fd", "disable", "import json\nchan = json.loads(sys.argv[1])['channel']\n"
-      "f = open('/dev/null', 'w')\nos.dup2(f.fileno(), chan)\ntry:\n    open('/etc/passwd')\nexcept Exception:\n    pass",
+      "f = open('/dev/null', 'w')\nos.dup2(f.fileno(), chan)\ntry:\n    open('/etc/passwd')\nexcept Exception:\n"
+      "    pass",
       hidden_refusal=True),
     A("flood-status-fd", "disable", "import json\nchan = json.loads(sys.argv[1])['channel']\n"
       "for _ in range(64):\n    os.write(chan, b'end ok ' * 1000)\nos.write(chan, b'partial')\ntry:\n"
       "    open('/etc/passwd')\nexcept Exception:\n    pass", hidden_refusal=True),
     # resources
     A("memory-bomb", "resources", "x = attempt(lambda: bytearray(2**31))\nif x:\n    escaped('2 GiB')"),
-    A("cpu-ignore-sigxcpu", "resources", "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass"),
+    A("cpu-ignore-sigxcpu", "resources", "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\n"
+      "while True:\n    pass"),
     A("disk-fill", "resources", "n = 0\ntry:\n    while True:\n        with open(f'fill{n}', 'wb') as f:\n"
-      "            f.write(b'x' * 2**20)\n        n += 1\nexcept OSError as e:\n    print(n, e)\nif n > @DISK_MB@ + 1:\n"
+      "            f.write(b'x' * 2**20)\n        n += 1\nexcept OSError as e:\n    print(n, e)\n"
+      "if n > @DISK_MB@ + 1:\n"
       "    escaped(f'{n} MiB written')"),
     A("many-fds", "resources", "fds = []\ntry:\n    while True:\n        fds.append(open('/dev/null'))\n"
       "except OSError as e:\n    print(len(fds), e)\nif len(fds) > 100:\n    escaped(len(fds))"),
@@ -234,7 +249,7 @@ class Host:
             found.append(f"files made on the host: {extra}")
         if self._modes() != self.modes:
             found.append("modes changed under the probe tree or of /")
-        for name, path in (("tmp", f"/tmp/{self.token}"), ("shm", f"/dev/shm/{self.token}")):
+        for path in (f"/tmp/{self.token}", f"/dev/shm/{self.token}", f"/var/tmp/{self.token}"):
             if os.path.exists(path):
                 found.append(f"wrote {path}")
         for s in (self.tcp, self.unix, self.abstract):
@@ -287,9 +302,11 @@ def run_suite(sandbox, hooks=(True, False), victims: int = 4, threads: int = 6) 
             waiting = [vpool.submit(victim.run, "import time\ntime.sleep(@S@)\nprint('alive')".replace("@S@", "8"))
                        for _ in range(victims)]  # fmt: skip
             time.sleep(1.0)  # the victims are up before the siblings attacks start
-            results = list(pool.map(lambda job: job[1].run(host.code(job[0], getattr(job[1], "disk_bytes", 64 << 20) >> 20)), jobs))
+            results = list(
+                pool.map(lambda job: job[1].run(host.code(job[0], getattr(job[1], "disk_bytes", 64 << 20) >> 20)), jobs)
+            )
             victim_results = [w.result() for w in waiting]
-        outcomes = [judge(a, v.audit_hook, r, host) for (a, v), r in zip(jobs, results)]
+        outcomes = [judge(a, v.audit_hook, r, host) for (a, v), r in zip(jobs, results, strict=True)]
         damage = host.damage()
         dead = [r for r in victim_results if r.stdout != "alive\n"]
         if dead:

@@ -15,8 +15,8 @@ import sys
 import tempfile
 
 import pytest
-
 import sandbox_attacks
+
 from trl_env.sandbox import Sandbox
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox is Linux-only")

