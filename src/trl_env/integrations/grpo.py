@@ -32,7 +32,7 @@ from trl_env.integrations.options import (
 )
 from trl_env.isolation import isolated
 from trl_env.processors.base import Processor, check_processor
-from trl_env.rollout import Ending, Rollout, batch_rollout
+from trl_env.rollout import Ending, History, Rollout, batch_rollout
 from trl_env.rollout.transcripts import write_transcripts
 from trl_env.tools.additivity import RolloutCheck
 
@@ -148,7 +148,9 @@ def make_rollout_func(
         engine: ``EngineOptions``: ``parse_truncated_turns``, ``strict``, ``env_workers``, ``env_timeout``,
             ``env_executor`` (``"process"``: each env in a worker process, see ``trl_env.isolation``),
             ``env_memory_mb``, ``coalesce_s`` (how long a ready turn waits to be batched with others; ``"auto"``: a
-            third of a typical env step, 10 to 50 ms).
+            third of a typical env step, 10 to 50 ms), ``history`` (``"sampled"``; ``"deployed"``: each turn sampled
+            from the chat template's rendering, several rows per episode, trained with
+            ``trl_env.integrations.rows.EpisodeGRPOTrainer``; docs/history.md) and ``template_kwargs``.
         backend: ``BackendOptions``: ``generator`` (a ``Generator`` or ``trainer -> Generator``; default:
             the trainer's model in process with ``use_vllm=False``, a vLLM client with ``vllm_mode="server"``),
             ``base_url`` (vLLM server URL(s); with ``use_vllm=False`` it still selects the server backend),
@@ -198,14 +200,33 @@ class RolloutFunction:
         self.env_factory, self.processor, self.options = env_factory, processor, options
         self._generators: dict[int, Generator] = {}
         self._template_check: RolloutCheck | None = None
+        self.mask_truncated = False
+        """The trainer's ``mask_truncated_completions``, read at each call (trl-env applies it, TRL's rule is off)."""
 
     def __call__(self, prompts: list[Any], trainer: Any) -> RolloutOutput:
-        """Run one episode per prompt (a fresh env each) and return TRL's rows, in order."""
+        """Run one episode per prompt (a fresh env each) and return TRL's rows, in order.
+
+        Raises:
+            ConfigError: with ``history="deployed"`` (several rows per episode): train with ``EpisodeGRPOTrainer``.
+        """
+        if self.options.engine.history is History.DEPLOYED:
+            raise ConfigError(
+                "history='deployed' gives several training rows per episode, and GRPOTrainer's rollout_func takes one "
+                "row per prompt; train with trl_env.integrations.rows.EpisodeGRPOTrainer (same arguments)."
+            )
+        rollouts = self.rollouts(prompts, trainer)
+        return to_trl(rollouts, mask_truncated=self.mask_truncated)
+
+    def rollouts(self, prompts: list[Any], trainer: Any) -> list[Rollout]:
+        """Run one episode per prompt, log its metrics and transcripts, and return the ``Rollout``s in order.
+
+        Also takes over ``mask_truncated_completions`` (``self.mask_truncated`` holds the trainer's setting).
+        """
         gen = self._generator(trainer)
         tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)  # a processor wraps it
         _exclude_failed_from_rewards(trainer)
         # trl-env decides which episodes are truncated; TRL's own rule (last token not EOS) is switched off.
-        mask_truncated = bool(getattr(trainer.args, "mask_truncated_completions", False))
+        self.mask_truncated = bool(getattr(trainer.args, "mask_truncated_completions", False))
         trainer.mask_truncated_completions = False
         engine = self.options.engine
         with gen.session():  # e.g. wake a sleeping colocated vLLM
@@ -221,11 +242,14 @@ class RolloutFunction:
                 env_workers=engine.env_workers,
                 env_timeout=engine.env_timeout,
                 coalesce_s=engine.coalesce_s,
+                history=engine.history,
+                template_kwargs=engine.template_kwargs,
             )
         log_metrics(trainer, rollouts)
         self._write_transcripts(trainer, rollouts, tokenizer)
-        self._check_template(rollouts, tokenizer)
-        return to_trl(rollouts, mask_truncated=mask_truncated)
+        if engine.history is History.SAMPLED:  # deployed rows are the template's rendering by construction
+            self._check_template(rollouts, tokenizer)
+        return rollouts
 
     def _generator(self, trainer: Any) -> Generator:
         backend = self.options.backend

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
@@ -16,6 +16,7 @@ from trl_env.backends.base import Generator
 from trl_env.errors import ConfigError
 from trl_env.rollout.engine import check_coalesce
 from trl_env.rollout.episode import check_env_timeout
+from trl_env.rollout.history import History, as_history
 from trl_env.rollout.records import Budgets
 
 
@@ -67,8 +68,15 @@ class EngineOptions:
     """Most seconds a ready turn waits for the turns being prepared beside it, so that they go to a server as
     one batched request (``batch_rollout``); ``"auto"``: a third of a typical env step, 10 to 50 ms; 0 sends
     each turn as soon as it is ready."""
+    history: History | str = History.SAMPLED
+    """``"sampled"``: every turn sampled from every token so far, one row per episode. ``"deployed"``: each turn
+    sampled from the chat template's rendering of the conversation so far, one row per turn (merged where a context
+    extends the previous row); train with ``trl_env.integrations.rows.EpisodeGRPOTrainer``. See docs/history.md."""
+    template_kwargs: Mapping[str, Any] | None = None
+    """With ``history="deployed"``: extra chat-template variables, e.g. ``{"enable_thinking": False}``."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "history", as_history(self.history))
         check_env_timeout(self.env_timeout)
         check_coalesce(self.coalesce_s)
         if self.env_executor not in ("thread", "process"):
@@ -121,6 +129,8 @@ class EngineKeywords(TypedDict, total=False):
     env_executor: str
     env_memory_mb: int | None
     coalesce_s: float | Literal["auto"]
+    history: History | str
+    template_kwargs: Mapping[str, Any] | None
 
 
 class TranscriptKeywords(TypedDict, total=False):

@@ -1,0 +1,190 @@
+"""Several training rows per episode for ``GRPOTrainer``: ``EpisodeGRPOTrainer`` and the per-episode group statistics.
+
+With ``history="deployed"`` an episode gives one row per turn whose context the template rewrote (docs/history.md).
+TRL 1.16's ``rollout_func`` takes one row per prompt, so this subclass scores the *episodes* (reward functions,
+failed episodes left out, TRL's group statistics over episodes) and then hands TRL the rows, each carrying its
+episode's advantage. Follows ``GRPOTrainer._generate_and_score_completions`` (``trl/trainer/grpo_trainer.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from trl import GRPOTrainer
+from trl.trainer.utils import nanstd
+
+from trl_env.errors import ConfigError
+from trl_env.integrations.grpo import RolloutFunction, RolloutOutput
+from trl_env.rollout import Ending, Rollout
+
+__all__ = ["EpisodeGRPOTrainer", "episode_advantages", "to_trl_rows"]
+
+
+def to_trl_rows(rollouts: Sequence[Rollout], *, mask_truncated: bool = False) -> tuple[RolloutOutput, list[int]]:
+    """TRL's dict with one entry per *row* (``Rollout.rows``), and the episode index of each row.
+
+    Every row of a failed episode (and, with ``mask_truncated``, of a truncated one) is masked out of the loss.
+    """
+    episode_of_row = [e for e, r in enumerate(rollouts) for _ in r.rows]
+    rows = [(r, row) for r in rollouts for row in r.rows]
+
+    def masked(r: Rollout) -> bool:
+        return r.ending is Ending.ERROR or (mask_truncated and r.truncated)
+
+    output = RolloutOutput(
+        prompt_ids=[row.prompt_ids for _, row in rows],
+        completion_ids=[row.completion_ids for _, row in rows],
+        logprobs=[row.logprobs for _, row in rows],
+        env_mask=[[0] * len(row.env_mask) if masked(r) else row.env_mask for r, row in rows],
+        env_reward=[r.reward for r, _ in rows],
+        env_ending=[r.ending.value for r, _ in rows],
+        env_turns=[len(r.turns) for r, _ in rows],
+    )
+    return output, episode_of_row
+
+
+def episode_advantages(
+    rewards_per_func: torch.Tensor,
+    weights: torch.Tensor,
+    num_generations: int,
+    *,
+    scale_rewards: str = "group",
+    aggregation: str = "sum_then_normalize",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One advantage per episode, exactly as TRL 1.16 computes one per completion (``_generate_and_score_completions``).
+
+    ``rewards_per_func`` is (episodes, reward functions), NaN where a function gave ``None``; an episode with every
+    entry NaN (a failed one) is out of its group's mean and std and gets advantage 0. Consecutive ``num_generations``
+    episodes form a group. Returns the advantages and the weighted rewards (NaN for unscorable episodes).
+    """
+    unscorable = torch.isnan(rewards_per_func).all(dim=1)
+    weights = weights.to(rewards_per_func.device)
+    if aggregation == "sum_then_normalize":
+        rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
+        rewards[unscorable] = torch.nan
+        mean = torch.nanmean(rewards.view(-1, num_generations), dim=1).repeat_interleave(num_generations)
+        if scale_rewards == "batch":
+            std = nanstd(rewards).expand_as(rewards) if rewards.numel() > 1 else torch.zeros_like(rewards)
+        elif num_generations > 1:
+            std = nanstd(rewards.view(-1, num_generations), dim=1).repeat_interleave(num_generations)
+        else:
+            std = torch.zeros_like(rewards)
+        advantages = rewards - mean
+        if scale_rewards != "none":
+            advantages = advantages / (std + 1e-4)
+    elif aggregation == "normalize_then_sum":
+        grouped = rewards_per_func.view(-1, num_generations, rewards_per_func.size(1))
+        mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
+        std_k = nanstd(grouped, dim=1, keepdim=True) if num_generations > 1 else torch.zeros_like(mean_k)
+        reward_k = ((grouped - mean_k) / (std_k + 1e-4)).view(-1, rewards_per_func.size(1))
+        rewards = (reward_k * weights.unsqueeze(0)).nansum(dim=1)
+        rewards[unscorable] = torch.nan
+        std = nanstd(rewards).expand_as(rewards) if rewards.numel() > 1 else torch.zeros_like(rewards)
+        advantages = (rewards - torch.nanmean(rewards)) / (std + 1e-4)
+    else:
+        raise ConfigError(f"multi_objective_aggregation={aggregation!r}: expected 'sum_then_normalize' or "
+                          "'normalize_then_sum'.")  # fmt: skip
+    return torch.nan_to_num(advantages, nan=0.0), rewards
+
+
+class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
+    """``GRPOTrainer`` for episodes of several rows (``history="deployed"``); same arguments, same results otherwise.
+
+    Takes a ``rollout_func`` from ``make_rollout_func``. For each generation batch it runs the episodes, then:
+
+    1. scores each *episode* with the reward functions (they see the episode: its keys ``env_reward``,
+       ``env_ending``, ``env_turns``, and as its completion the text of all its rows' completions, every sampled
+       token once); failed episodes are out of the group statistics, as with ``GRPOTrainer``;
+    2. computes one advantage per episode with TRL's own rule (``scale_rewards``, ``multi_objective_aggregation``,
+       reward weights): each episode counts once in its group's mean and std, however many rows it has;
+    3. hands TRL the rows (``to_trl_rows``), each with its episode's advantage. TRL computes old and reference
+       logprobs, importance-sampling ratios and the loss per row as usual.
+
+    Each sampled token is in exactly one row, so token-level losses (``dapo``, the default, ``bnpo``, ``cispo``,
+    ``vespo``) weigh every trained token as ``history="sampled"`` does, only in its deployed context. ``grpo`` and
+    ``sapo`` average per row, so an episode of k rows weighs k times; ``dr_grpo`` divides by rows x
+    ``max_completion_length``; ``luspo`` sums per row. The batch TRL trains on has one entry per row (more than
+    ``per_device_train_batch_size`` when episodes split), padded with fully masked rows to a multiple of
+    ``steps_per_generation``. One process only for now (rows per process differ).
+    """
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        func = self.rollout_func
+        if not isinstance(func, RolloutFunction):
+            raise ConfigError(f"EpisodeGRPOTrainer needs rollout_func=make_rollout_func(...), got {func!r:.80}.")
+        if self.accelerator.num_processes > 1:
+            raise ConfigError("EpisodeGRPOTrainer runs on one process for now; use GRPOTrainer with history='sampled'.")
+        mode = "train" if self.model.training else "eval"
+        prompts = [x["prompt"] for x in inputs]
+        if self.use_vllm and self.state.global_step != self._last_loaded_step:  # as GRPOTrainer._generate does
+            self.vllm_generation.sync_weights()
+            self._last_loaded_step = self.state.global_step
+        rollouts = func.rollouts(prompts, self)
+        advantages, rewards_per_func = self._score_episodes(inputs, prompts, rollouts, mode)
+        rows, episode = to_trl_rows(rollouts, mask_truncated=func.mask_truncated)
+        pad = -len(episode) % (self.args.steps_per_generation if mode == "train" else 1)
+        for values in rows.values():  # fully masked copies of the last row
+            values.extend([values[-1]] * pad)  # type: ignore[attr-defined]  # every value is a list
+        rows["env_mask"][len(episode) :] = [[0] * len(m) for m in rows["env_mask"][len(episode) :]]
+        episode += [-1] * pad
+        row_inputs = [dict(inputs[e]) for e in episode]
+        row_advantages = torch.stack([advantages[e] if e >= 0 else advantages.new_zeros(()) for e in episode])
+        row_rewards = torch.stack([rewards_per_func[e] if e >= 0 else rewards_per_func[0] * torch.nan for e in episode])
+        saved = {k: self.__dict__[k] for k in ("rollout_func", "_calculate_rewards") if k in self.__dict__}
+        generations = "num_generations" if mode == "train" else "num_generations_eval"
+        group = getattr(self, generations)
+        try:
+            self.rollout_func = lambda _prompts, _trainer: rows
+            self._calculate_rewards = lambda *_args: row_rewards  # TRL's own statistics are replaced below
+            setattr(self, generations, 1)
+            output = super()._generate_and_score_completions(row_inputs)
+        finally:
+            setattr(self, generations, group)
+            for k in ("rollout_func", "_calculate_rewards"):
+                self.__dict__.pop(k, None)
+            self.__dict__.update(saved)
+        output["advantages"] = row_advantages.to(output["advantages"].device)
+        logged = self._logs["advantages"]  # a deque: replace the row advantages TRL just logged
+        kept = min(len(episode), len(logged))  # a bounded deque may hold fewer
+        for _ in range(kept):
+            logged.pop()
+        logged.extend(row_advantages.tolist()[len(episode) - kept :])
+        self._log_episode_stats(mode, advantages, rewards_per_func, group)
+        return output  # type: ignore[no-any-return]  # trl is untyped
+
+    def _score_episodes(
+        self, inputs: list[dict[str, Any]], prompts: list[Any], rollouts: list[Rollout], mode: str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reward functions on whole episodes, then one advantage per episode (TRL's rule, groups of episodes)."""
+        tokenizer = self._tokenizer
+        ids = [[t for row in r.rows for t in row.completion_ids] for r in rollouts]
+        texts = [str(tokenizer.decode(i, skip_special_tokens=True)) for i in ids]
+        conversational = isinstance(prompts[0], list)
+        completions = [[{"role": "assistant", "content": t}] for t in texts] if conversational else texts
+        scored = []
+        for x, r in zip(inputs, rollouts, strict=True):
+            scored.append(dict(x, env_reward=r.reward, env_ending=r.ending.value, env_turns=len(r.turns)))
+        rewards_per_func = self._calculate_rewards(scored, prompts, completions, ids)
+        group = self.num_generations if mode == "train" else self.num_generations_eval
+        advantages, _ = episode_advantages(
+            rewards_per_func, self.reward_weights, group, scale_rewards=self.scale_rewards,
+            aggregation=self.multi_objective_aggregation)  # fmt: skip
+        return advantages, rewards_per_func
+
+    def _log_episode_stats(
+        self, mode: str, advantages: torch.Tensor, rewards_per_func: torch.Tensor, group: int
+    ) -> None:
+        """Replace the reward statistics TRL just logged per row with the episodes' (as GRPOTrainer logs them)."""
+        metrics = self._metrics[mode]
+        weighted = (rewards_per_func * self.reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
+        weighted[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        for i, name in enumerate(self.reward_func_names):
+            metrics[f"rewards/{name}/mean"][-1] = torch.nanmean(rewards_per_func[:, i]).item()
+            metrics[f"rewards/{name}/std"][-1] = nanstd(rewards_per_func[:, i]).item()
+        metrics["reward"][-1] = torch.nanmean(weighted).item()
+        metrics["reward_std"][-1] = nanstd(weighted).item()
+        std = nanstd(weighted.view(-1, group), dim=1) if group > 1 else torch.zeros(len(weighted) // group)
+        metrics["frac_reward_zero_std"][-1] = torch.isclose(std, torch.zeros_like(std)).float().mean().item()
+        metrics["episodes"].append(float(len(advantages)))
