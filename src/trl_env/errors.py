@@ -9,6 +9,7 @@ so it survives worker threads and processes::
       EnvError(TrlEnvError, RuntimeError)       a user Env raised or returned the wrong thing
         EnvTimeoutError(EnvError)               a user Env call did not return in time
       ServerError(TrlEnvError, RuntimeError)    a generator backend failed
+      SandboxUnavailableError(TrlEnvError, RuntimeError)  no kernel isolation for trl_env.sandbox here
       EpisodeFailure(TrlEnvError)               what ended one episode, classified where it happened
 """
 
@@ -90,6 +91,13 @@ class ServerError(TrlEnvError, RuntimeError):
         self.unreachable = unreachable
         """No server could be reached or answered in time (refused, connect or read timeout), as opposed to a bad
         answer or a dropped connection; re-sending parts of the request would only wait again."""
+
+
+class SandboxUnavailableError(TrlEnvError, RuntimeError):
+    """The kernel isolation of ``trl_env.sandbox`` cannot be set up here (no ``bwrap``, or namespaces refused).
+
+    The sandbox refuses to run rather than run code without its boundary; the message says what failed.
+    """
 
 
 ERROR_KINDS = ("env_exception", "env_bad_return", "env_timeout", "processor_error", "server_error", "prompt_error")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import IO
 
-from trl_env.errors import TrlEnvError
+from trl_env.errors import SandboxUnavailableError
 from trl_env.sandbox import seccomp
 
 PRELOAD = (
@@ -49,13 +49,6 @@ interpreter's prefixes."""
 REFUSED_EXIT = 125
 """The child's exit code when the code tampered with the status channel at a refusal (see child.py)."""
 REFUSED_SYSCALL = "a system call the sandbox forbids (seccomp: mknod/mkfifo, memfd, pidfd, ptrace, mount, ...)"
-
-
-class SandboxUnavailableError(TrlEnvError, RuntimeError):
-    """The kernel isolation cannot be set up here: no ``bwrap``, or namespaces it needs are not allowed.
-
-    The sandbox refuses to run rather than run code without its boundary; the message says what failed.
-    """
 
 
 class SandboxStatus(str, Enum):
