@@ -42,10 +42,10 @@ def main() -> None:
         for history in ("sampled", "deployed"):
             random.seed(0)
             gen = ReplyGenerator(tokenizer, processor, reasoning=reasoning)
-            gen_render = processor.render_agent_output
-            processor_render = lambda r, a: gen_render(thought if r else "", a)  # noqa: E731
-            gen.processor = type("P", (), {"render_agent_output": staticmethod(processor_render),
-                                           "stop_strings": processor.stop_strings})()  # fmt: skip
+            long_thoughts = type("LongThoughts", (), {
+                "render_agent_output": staticmethod(lambda r, a: processor.render_agent_output(thought if r else "", a)),
+                "stop_strings": processor.stop_strings})  # fmt: skip
+            gen.processor = long_thoughts()
             seeds = [str(i) for i in range(EPISODES)]
             rollouts = batch_rollout(seeds, FiveTurnEnv, processor, tokenizer, gen, budgets=budgets,
                                      history=history, env_workers=2)  # fmt: skip
