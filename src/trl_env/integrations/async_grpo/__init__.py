@@ -37,8 +37,10 @@ The rows:
 Staleness: the trainer drops any sample older than ``max_staleness`` versions when it reads it; the worker
 drops such samples itself before pushing them, and evicts them from a full buffer, since the trainer would
 drop them anyway (``rollout/dropped_stale_total``). The buffer is bounded (``buffer_size``): a group
-thread that finds it full waits (``rollout/backpressure_s``), which is what keeps the worker from running
-ahead of the trainer.
+thread that finds it full waits (``rollout/backpressure_s``). What keeps the worker from running ahead of
+the trainer is the admission rule: a group starts only if the trainer, reading about as many rows per
+version as it did between its last two syncs, will read its rows before they go stale (see
+``TrlEnvRolloutWorker``).
 
 ``patch_for_cpu()`` applies the two monkeypatches TRL 1.16's ``AsyncGRPOTrainer`` needs to run on CPU
 at all; see its docstring and ``docs/async.md``.
