@@ -367,23 +367,28 @@ def test_advantages_exclude_failed_episodes_which_are_counted_not_pushed(tokeniz
     assert reduced["env/error_env_exception_rate"] > 0
 
 
-def test_unscored_episodes_get_advantage_zero_or_are_dropped(tokenizer):
-    # Every turn is cut by max_new_tokens and not given to the env: the env never steps, so no reward.
+def test_first_turn_cut_episodes_are_scored_and_turnless_ones_are_unscored(tokenizer):
+    # Every turn is cut by max_new_tokens and not given to the env: scored with the reward after reset (0.0).
     gen = PolicyGenerator(tokenizer, p_stop=0.0)
     worker = make_worker(tokenizer, gen=gen, parse_truncated_turns=False, max_new_tokens=4)
     batches, _, _, _ = consume(worker, steps=1, batch=8, max_staleness=1)
-    assert all(s.advantage == 0.0 and math.isnan(s.metrics["reward"]) for _, s in batches[0])
-    assert worker.counts["unscored"] >= 8
+    assert all(s.advantage == 0.0 and s.metrics["reward"] == 0.0 for _, s in batches[0])
+    assert worker.counts["unscored"] == 0
 
-    dropping = make_worker(tokenizer, gen=PolicyGenerator(tokenizer, p_stop=0.0), parse_truncated_turns=False,
-                           max_new_tokens=4, unscored="drop")  # fmt: skip
-    dropping.update_model_version(1)
-    dropping.start()
-    deadline = time.monotonic() + 20
-    while dropping.counts["groups"] < 3 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    dropping.stop()
-    assert dropping.counts["groups"] >= 3 and dropping.counts["pushed"] == 0 and dropping.rollout_buffer.empty()
+    # An episode over at reset has no model turn, so no reward: unscored, and no row whatever `unscored` says.
+    for unscored, fate in (("zero", "untrainable"), ("drop", "dropped_unscored")):
+        over = make_worker(tokenizer, seeds=[json.dumps({"n": 0, "deltas": ["over before it starts"]})],
+                           unscored=unscored)  # fmt: skip
+        over.update_model_version(1)
+        over.start()
+        deadline = time.monotonic() + 20
+        while over.counts["groups"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        over.stop()
+        counts = over.counts
+        assert counts["groups"] >= 3 and counts["pushed"] == 0 and over.rollout_buffer.empty()
+        assert counts["unscored"] == counts[fate] == counts["episodes"] - counts["stopped"] > 0, dict(counts)
+        assert_counts_add_up(over, read=0, left=0)
 
 
 def test_rows_without_a_trained_token_or_with_a_nan_logprob_are_never_pushed(tokenizer):
