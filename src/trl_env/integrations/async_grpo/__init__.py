@@ -24,8 +24,8 @@ The rows:
 * ``advantage``: TRL async's formula, per group over its *scored* episodes: ``(r - mean) / (std + 1e-8)``
   with the population std (``scale_rewards="none"``: ``r - mean``). A failed episode (``Ending.ERROR``) is
   left out of the statistics and never pushed; it is counted (``rollout/failed_frac``). An episode that did
-  not fail but has no reward (the model never acted) is "unscored": like TRL, it gets advantage 0 and is
-  pushed (``unscored="zero"``), or it is dropped (``unscored="drop"``).
+  not fail but has no reward (the model never acted) is "unscored": like TRL, it gets advantage 0
+  (``unscored="zero"``), or it is dropped (``unscored="drop"``); having no trained token, it is never pushed.
 * ``model_version``: the OLDEST policy version among the episode's turns, read from ``Turn.policy``
   (``<lora_name>-v<N>``); without LoRA names, the version that was live when the group's first turn was
   submitted. That makes the trainer's ``staleness = version - model_version <= max_staleness`` check
