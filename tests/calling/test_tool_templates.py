@@ -2,16 +2,20 @@
 
 The cases come from listing the folder; a template is a tool template when TRL's own ``supports_tool_calling``
 says so. For each, ``ToolProcessor.from_tokenizer`` must render exactly as the template does, with ``tools=``,
-assistant ``tool_calls`` and ``tool`` messages, at the generation boundary:
+assistant ``tool_calls`` (each with an ``id``) and ``tool`` messages (each with its ``tool_call_id`` and ``name``),
+as chat pipelines carry them, at the generation boundary:
 - the opening equals the template's rendering of ``[system?, user]`` with the tools and the generation prompt;
-- after a reply with calls, the text it appends for the results equals what the template writes after the
-  call's stop token up to the next generation prompt (one and two results, contents with quotes, newlines,
-  non-ASCII and a special-token string);
-- parsing the template's own rendering of an assistant message with calls gives back the same calls.
+- after a reply with one, two and three calls, the text it appends for the results equals what the template writes
+  after the call's stop token up to the next generation prompt (contents with quotes, newlines, non-ASCII and a
+  special-token string);
+- parsing the template's own rendering of a reply with those calls gives back the same calls, with every kind of
+  argument value: null, booleans, integers, floats, nested objects with lists, and strings holding quotes,
+  braces, commas, newlines and non-ASCII.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -44,25 +48,79 @@ def look_up(query: str) -> str:
     return query
 
 
-TOOLS = [add, look_up]
+def record(
+    text: str, label: str, note: str | None, count: int, limit: int | None, exact: bool, ratio: float, details: dict
+) -> str:
+    """Record an entry.
+
+    Args:
+        text: the entry
+        label: its label
+        note: a note, if any
+        count: how many
+        limit: a limit, if any
+        exact: whether it is exact
+        ratio: a ratio
+        details: anything else
+    """
+    return text
+
+
+TOOLS = [add, look_up, record]
 ALL = sorted(trl_templates())
 TOOL_TEMPLATES = [n for n in ALL if supports_tool_calling(trl_template_tokenizer(n))]
 REFUSED: dict[str, str] = {}
 """Tool templates trl-env refuses, and the reason it gives (none today)."""
 SERVED = [n for n in TOOL_TEMPLATES if n not in REFUSED]
 SYSTEM = "Use the tools; answer briefly."
-CALLS = [[("add", {"a": 2, "b": 40})], [("look_up", {"query": 'Paris, "France"'}), ("add", {"a": 7, "b": -3})]]
-CONTENTS = ['42 "quoted"\nline two é', "x<|im_end|> y"]
+VALUES = {
+    "text": 'He said "it\'s {ok}, [1]",\nthen: naïve — 東京',
+    "label": "null",
+    "note": None,
+    "count": -3,
+    "limit": None,
+    "exact": False,
+    "ratio": 0.25,
+    "details": {"tags": ["a", "b, c"], "inner": {"on": True, "off": None, "xs": [1, 2.5, "x"]}},
+}
+"""Every kind of argument value; ``label`` and ``note`` are the ones only the tool's schema tells apart in text."""
+CALLS = [
+    [("add", {"a": 2, "b": 40})],
+    [("record", VALUES)],
+    [("look_up", {"query": 'Paris, "France"'}), ("add", {"a": 7, "b": -3})],
+    [("add", {"a": 1, "b": 2}), ("record", VALUES), ("look_up", {"query": "Zürich"})],
+]
+CONTENTS = ['42 "quoted"\nline two é', "x<|im_end|> y", '{"ok": true}']
+
+
+@functools.cache
+def _tokenizer(name):
+    return trl_template_tokenizer(name)
+
+
+@functools.cache
+def _processor(name, system):
+    return ToolProcessor.from_tokenizer(_tokenizer(name), TOOLS, system_prompt=system)
 
 
 def _conversation(system, calls, args_as_text=False):
+    """``[system?, user]`` and the assistant message with ``calls``, each with its id, as chat pipelines write them."""
     messages = [] if system is None else [{"role": "system", "content": system}]
     messages.append({"role": "user", "content": "What is 2 + 40?"})
     tool_calls = [
-        {"type": "function", "function": {"name": n, "arguments": json.dumps(a) if args_as_text else a}}
-        for n, a in calls
+        {
+            "id": f"call_{i}",
+            "type": "function",
+            "function": {"name": n, "arguments": json.dumps(a) if args_as_text else a},
+        }
+        for i, (n, a) in enumerate(calls)
     ]
     return messages, {"role": "assistant", "content": "", "tool_calls": tool_calls}
+
+
+def _served_calls(fmt):
+    """The call lists a reply of this template holds: one call per reply where it renders only one."""
+    return [calls for calls in CALLS if fmt.parallel or len(calls) == 1]
 
 
 def test_the_cases_cover_every_tool_template_trl_ships():
@@ -83,18 +141,28 @@ def test_the_cases_cover_every_tool_template_trl_ships():
 
 @pytest.mark.parametrize("system", [None, SYSTEM], ids=["no-system", "system"])
 @pytest.mark.parametrize("name", SERVED)
-def test_opening_results_and_parsing_match_the_template(name, system):
-    tokenizer = trl_template_tokenizer(name)
-    processor = ToolProcessor.from_tokenizer(tokenizer, TOOLS, system_prompt=system)
-    fmt = processor.format
+def test_the_opening_matches_the_template(name, system):
+    processor = _processor(name, system)
     head, _ = _conversation(system, CALLS[0])
-    opening = tokenizer.apply_chat_template(head, tools=fmt.tools, tokenize=False, add_generation_prompt=True)
+    opening = _tokenizer(name).apply_chat_template(
+        head, tools=processor.format.tools, tokenize=False, add_generation_prompt=True
+    )
     assert processor.init_system_input("What is 2 + 40?") == opening
 
-    for calls in CALLS[: 2 if fmt.parallel else 1]:
+
+@pytest.mark.parametrize("system", [None, SYSTEM], ids=["no-system", "system"])
+@pytest.mark.parametrize("name", SERVED)
+def test_each_result_is_written_as_the_template_writes_the_result_of_its_own_call(name, system):
+    """One, two and three calls with ids, results with their call's id and name (Gemma 4 names a result by its id)."""
+    tokenizer, processor = _tokenizer(name), _processor(name, system)
+    fmt = processor.format
+    for calls in _served_calls(fmt):
         head, assistant = _conversation(system, calls, fmt.args_as_text)
         for contents in (CONTENTS[: len(calls)], CONTENTS[::-1][: len(calls)]):
-            results = [{"role": "tool", "name": n, "content": c} for (n, _), c in zip(calls, contents, strict=True)]
+            results = [
+                {"role": "tool", "tool_call_id": call["id"], "name": call["function"]["name"], "content": content}
+                for call, content in zip(assistant["tool_calls"], contents, strict=True)
+            ]
             full = tokenizer.apply_chat_template(
                 [*head, assistant, *results], tools=fmt.tools, tokenize=False, add_generation_prompt=True
             )
@@ -103,7 +171,16 @@ def test_opening_results_and_parsing_match_the_template(name, system):
             assert full.endswith(fmt.call_stop + appended), (full[-300:], appended)
             assert "".join(text for text, _ in processor.append_segments(delta)) == appended
 
-        # The template's own rendering of the reply, from the generation prompt to the call's stop token.
+
+@pytest.mark.parametrize("system", [None, SYSTEM], ids=["no-system", "system"])
+@pytest.mark.parametrize("name", SERVED)
+def test_the_templates_own_calls_parse_back_to_their_values(name, system):
+    """The template's rendering of a reply with calls, from the generation prompt to its stop token, parses back."""
+    tokenizer, processor = _tokenizer(name), _processor(name, system)
+    fmt = processor.format
+    for calls in _served_calls(fmt):
+        head, assistant = _conversation(system, calls, fmt.args_as_text)
+        opening = tokenizer.apply_chat_template(head, tools=fmt.tools, tokenize=False, add_generation_prompt=True)
         alone = tokenizer.apply_chat_template([*head, assistant], tools=fmt.tools, tokenize=False)
         start = first_difference(opening, alone)
         reply = alone[start:]
@@ -112,12 +189,12 @@ def test_opening_results_and_parsing_match_the_template(name, system):
         )
         parsed = processor.parse(opening[start:] + reply if start < len(opening) else reply)
         assert parsed.status is ParseStatus.TOOL_CALL, (name, reply)
-        assert [(c.name, dict(c.arguments)) for c in parsed.action.calls] == calls
+        assert [(c.name, dict(c.arguments)) for c in parsed.action.calls] == calls, reply
 
 
 @pytest.mark.parametrize("name", SERVED)
 def test_a_reply_without_a_call_is_text_and_a_broken_call_is_malformed(name):
-    processor = ToolProcessor.from_tokenizer(trl_template_tokenizer(name), TOOLS)
+    processor = _processor(name, None)
     stop, base = processor.stop_strings[0], processor.format.base
     plain = processor.parse(base.render_agent_output("Easy.", "The answer is 42.") + stop)
     assert plain.status is not ParseStatus.TOOL_CALL and "42" in plain.action and not getattr(plain.action, "calls", ())

@@ -6,10 +6,11 @@ trl-env renders at the generation boundary, so from a template with tools it nee
 2. the token the model stops on after its calls (``call_stop``: Qwen's ``<|im_end|>``, gpt-oss's ``<|call|>``,
    GLM's ``<|observation|>``, Gemma 4's ``<|tool_response>``) and the text the template writes after it for
    the results, rendered for the called tools' names (``result_segments``);
-3. a parser for a reply's calls: the response template the tokenizer ships, else the first of TRL's response
+3. a reader for a reply's calls: the response template the tokenizer ships, else the first of TRL's response
    templates (``trl.chat_template_utils``) that gives back the calls of the template's own renderings of probe
-   calls, else a layout read off those renderings: the arguments as one JSON object (``JsonCallLayout``) or one
-   tag per argument (``TagCallLayout``). None fits: refused, with the reason.
+   calls (one to three calls with ids, every kind of argument value), else a layout read off those renderings:
+   the arguments as one JSON object (``JsonCallLayout``), one tag per argument (``TagCallLayout``) or Python calls
+   (``CallListLayout``). None fits: refused, with the reason.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from trl_env.calling.layouts import JsonCallLayout, TagCallLayout, read_json_layout
-from trl_env.calling.probe import PROBE_CALLS, PROBE_TOOLS, SENTINEL, USER, Probe
+from trl_env.calling.layouts import CallListLayout, JsonCallLayout, TagCallLayout, read_json_layout
+from trl_env.calling.probe import PROBE_CALLS, PROBE_TOOLS, SENTINEL, USER, Calls, Probe
 from trl_env.calling.types import ToolCall, ToolResults
+from trl_env.calling.values import loads, parameters, typed
 from trl_env.errors import ConfigError, ProcessorError
 from trl_env.processors.base import Processor
 from trl_env.processors.derived import from_tokenizer
@@ -70,7 +72,9 @@ class ToolFormat:
     call_marker: str
     """Text that opens a call: a reply holding it that does not parse is a malformed call."""
     parser: str
-    """The call parser: ``tokenizer``, ``trl:<name>`` (TRL's response template), ``json-layout`` or ``tag-layout``."""
+    """The call reader: ``tokenizer``, ``trl:<name>`` (TRL's response template), ``json-layout``, ``tag-layout`` or
+    ``call-list-layout``."""
+    reader: CallReader = field(repr=False)
     parallel: bool
     """The template renders several calls in one reply (Llama 3.1 and gpt-oss render one)."""
     content_form: str
@@ -79,9 +83,6 @@ class ToolFormat:
     template_kwargs: Mapping[str, Any] = field(repr=False)
     args_as_text: bool = False
     """The template takes a call's arguments as a JSON string (DeepSeek V3), not a dict."""
-    schema: Mapping[str, Any] | None = field(default=None, repr=False)
-    layout: JsonCallLayout | TagCallLayout | None = None
-    prefix: str = field(default="", repr=False)
     _wrappers: dict[tuple[str, ...], tuple[str, ...]] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -119,14 +120,13 @@ class ToolFormat:
         call_stop = probe.call_stop()
         parallel = probe.renders_parallel()
         prefix = probe.render([], tools=PROBE_TOOLS, generation=True)
-        replies = [probe.reply(calls, call_stop) for calls in PROBE_CALLS[: 2 if parallel else 1]]
-        parser, schema, layout = _choose_parser(tokenizer, prefix, replies, parallel)
-        if isinstance(layout, TagCallLayout):
-            marker = layout.open
-        elif isinstance(layout, JsonCallLayout):
-            marker = layout.before
+        wanted = [calls for calls in PROBE_CALLS if parallel or len(calls) == 1]
+        replies = [probe.reply(calls, call_stop) for calls in wanted]
+        parser, reader = _choose_reader(tokenizer, prefix, replies, wanted)
+        if isinstance(reader, ResponseTemplateReader):
+            marker = _call_marker(replies[0], wanted[0][0][0])
         else:
-            marker = _call_marker(replies[0], PROBE_CALLS[0][0][0])
+            marker = reader.marker
         return cls(
             tokenizer=tokenizer,
             tools=schemas,
@@ -134,29 +134,17 @@ class ToolFormat:
             call_stop=call_stop,
             call_marker=marker,
             parser=parser,
+            reader=reader,
             parallel=parallel,
             content_form=probe.content_form(),
             conversation=conversation,
             template_kwargs=kwargs,
             args_as_text=probe.args_as_text,
-            schema=schema,
-            layout=layout,
-            prefix=base.init_system_input("x"),
         )
 
     def parse_calls(self, text: str) -> list[ToolCall] | None:
         """The calls in a decoded reply (special tokens kept): ``[]`` without any, ``None`` if one is malformed."""
-        found: list[Any] | None
-        if isinstance(self.layout, TagCallLayout):
-            found = self.layout.parse(text, self.tools)
-        elif self.layout is not None:
-            found = self.layout.parse(text)
-        else:
-            try:
-                parsed = self.tokenizer.parse_response(text, self.schema, prefix=self.prefix, tools=self.tools)
-            except Exception:  # noqa: BLE001  # a malformed call is data
-                parsed = None
-            found = None if parsed is None else parsed.get("tool_calls") or []
+        found = self.reader.parse(text, self.tools)
         if found is None:
             return None if self.call_marker in text else []
         calls = []
@@ -226,47 +214,86 @@ def _call_marker(reply: str, name: str) -> str:
     return cut or head.strip() or name
 
 
-def _choose_parser(
-    tokenizer: Any, prefix: str, replies: list[str], parallel: bool
-) -> tuple[str, Mapping[str, Any] | None, JsonCallLayout | TagCallLayout | None]:
-    """The first parser that gives back every probe reply's calls: the tokenizer's, TRL's, a JSON layout."""
+@dataclass(frozen=True)
+class ResponseTemplateReader:
+    """Calls read by a response template (transformers' ``parse_response``); its JSON calls are decoded here.
+
+    A call whose content the template parses as JSON is taken as text and read by ``loads``, so that what the
+    chat template writes reads back: transformers' JSON parser refuses Gemma 4's ``None`` (the whole call is lost).
+    """
+
+    tokenizer: Any = field(repr=False, compare=False)
+    template: Mapping[str, Any]
+    prefix: str = field(repr=False)
+    """The rendering up to the generation prompt (the template's start anchor is found in it)."""
+    string_delims: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def of(cls, tokenizer: Any, template: Mapping[str, Any], prefix: str) -> ResponseTemplateReader:
+        """The reader for ``template``, with its JSON tool-call content read as text (and its string delimiters)."""
+        calls = template.get("fields", {}).get("tool_calls", {})
+        if calls.get("content") != "json":
+            return cls(tokenizer, template, prefix)
+        delims = tuple((a, b) for a, b in calls.get("content_args", {}).get("string_delims", []))
+        fields = {**template["fields"], "tool_calls": {**calls, "content": "text", "content_args": {}}}
+        return cls(tokenizer, {**template, "fields": fields}, prefix, delims)
+
+    def parse(self, text: str, tools: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+        """The calls in ``text`` (see ``CallReader``)."""
+        try:
+            parsed = self.tokenizer.parse_response(text, self.template, prefix=self.prefix, tools=tools)
+            calls = [self._decoded(call, tools) for call in parsed.get("tool_calls") or []]
+        except Exception:  # noqa: BLE001  # a malformed call is data, whatever the parser raises
+            return None
+        return calls
+
+    def _decoded(self, call: Any, tools: list[dict[str, Any]]) -> dict[str, Any]:
+        function = call.get("function", call)
+        if isinstance(function, str):  # the whole call was JSON (Qwen's {"name": ..., "arguments": ...})
+            function = loads(function, string_delims=self.string_delims)
+        name, args = function["name"], function.get("arguments", {})
+        if isinstance(args, str):
+            args = loads(args, string_delims=self.string_delims)
+        if isinstance(args, dict):
+            args = typed(args, parameters(tools, name))
+        return {"type": "function", "function": {"name": name, "arguments": args}}
+
+
+CallReader = ResponseTemplateReader | JsonCallLayout | TagCallLayout | CallListLayout
+"""What reads a reply's calls: ``parse(text, tools)`` gives ``[]`` without any, ``None`` when one does not parse."""
+
+
+def _choose_reader(tokenizer: Any, prefix: str, replies: list[str], wanted: list[Calls]) -> tuple[str, CallReader]:
+    """The first reader that gives back the ``wanted`` calls of every probe reply: the tokenizer's, TRL's, a layout."""
     import trl.chat_template_utils as trl_templates
 
-    wanted = [[(n, a) for n, a in calls] for calls in PROBE_CALLS[: len(replies)]]
-    candidates: list[tuple[str, Mapping[str, Any]]] = []
+    candidates: list[tuple[str, CallReader | None]] = []
     if isinstance(getattr(tokenizer, "response_template", None), Mapping):
-        candidates.append(("tokenizer", tokenizer.response_template))
+        candidates.append(("tokenizer", ResponseTemplateReader.of(tokenizer, tokenizer.response_template, prefix)))
     candidates += [
-        (f"trl:{name.removesuffix('_template')}", value)
+        (f"trl:{name.removesuffix('_template')}", ResponseTemplateReader.of(tokenizer, value, prefix))
         for name, value in sorted(vars(trl_templates).items())
         if name.endswith("_template") and isinstance(value, dict) and "fields" in value
     ]
-    for name, schema in candidates:
-        try:
-            got = [tokenizer.parse_response(r, schema, prefix=prefix, tools=PROBE_TOOLS) for r in replies]
-        except Exception:  # noqa: BLE001  # a parser that does not fit this template
-            continue
-        if all(_calls_of(g) == w for g, w in zip(got, wanted, strict=True)):
-            return name, schema, None
-    layout = read_json_layout(replies, wanted)
-    if layout is not None and all(
-        _calls_of({"tool_calls": layout.parse(r)}) == w for r, w in zip(replies, wanted, strict=True)
-    ):
-        return "json-layout", None, layout
-    tags = TagCallLayout.read(replies[0], wanted[0][0])
-    if tags is not None and all(
-        _calls_of({"tool_calls": tags.parse(r, PROBE_TOOLS)}) == w for r, w in zip(replies, wanted, strict=True)
-    ):
-        return "tag-layout", None, tags
+    candidates += [
+        ("json-layout", read_json_layout(replies, wanted)),
+        ("tag-layout", TagCallLayout.read(replies[0], wanted[0][0])),
+        *(("call-list-layout", layout) for layout in CallListLayout.read(replies[0], wanted[0][0][0])),
+    ]
+    for name, reader in candidates:
+        if reader is not None and all(
+            _calls_of(reader.parse(r, PROBE_TOOLS)) == w for r, w in zip(replies, wanted, strict=True)
+        ):
+            return name, reader
     raise ProcessorError(
         f"no parser reads this chat template's tool calls back: neither the tokenizer's response_template, nor TRL's "
-        f"response templates, nor a JSON or tag layout give back the calls of its rendering {replies[0]!r:.200}. Set "
-        "tokenizer.response_template (transformers' response parsing) for it."
+        f"response templates, nor a JSON, tag or Python-call layout give back the calls of its rendering "
+        f"{replies[0]!r:.200}. Set tokenizer.response_template (transformers' response parsing) for it."
     )
 
 
-def _calls_of(parsed: Any) -> list[tuple[str, Any]] | None:
+def _calls_of(found: list[dict[str, Any]] | None) -> list[tuple[str, Any]] | None:
     try:
-        return [(c["function"]["name"], c["function"]["arguments"]) for c in parsed.get("tool_calls") or []]
-    except (KeyError, TypeError, AttributeError):
+        return None if found is None else [(c["function"]["name"], c["function"]["arguments"]) for c in found]
+    except (KeyError, TypeError):
         return None

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from trl_env.calling.values import from_text, loads, parameters
 
 
 @dataclass(frozen=True)
@@ -22,7 +25,12 @@ class JsonCallLayout:
     name_key: str | None = None
     args_key: str | None = None
 
-    def parse(self, text: str) -> list[dict[str, Any]] | None:
+    @property
+    def marker(self) -> str:
+        """The text that opens a call."""
+        return self.before
+
+    def parse(self, text: str, tools: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
         """The calls in ``text``; ``None`` when a call opens and does not parse."""
         calls, at, decoder = [], 0, json.JSONDecoder()
         while (start := text.find(self.before, at)) >= 0:
@@ -50,7 +58,8 @@ class JsonCallLayout:
 class TagCallLayout:
     """A call layout with one tag per argument (Muse's ``<atem:parameter name="k">v</atem:parameter>``).
 
-    Read off the rendering of a call with two arguments; values are typed by the tool's JSON schema.
+    Read off the rendering of a call with two arguments; a value is bare text, typed by the tool's JSON schema
+    (``from_text``: ``null`` is ``None`` for a ``str | None`` argument, the string ``"null"`` for a ``str`` one).
     """
 
     open: str
@@ -58,6 +67,11 @@ class TagCallLayout:
     arg_open: str
     arg_sep: str
     arg_close: str
+
+    @property
+    def marker(self) -> str:
+        """The text that opens a call."""
+        return self.open
 
     def parse(self, text: str, tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The calls in ``text``, each up to the next call."""
@@ -74,8 +88,8 @@ class TagCallLayout:
         calls = []
         for i, match in enumerate(found):
             body = text[match.end() : found[i + 1].start() if i + 1 < len(found) else len(text)]
-            name = match.group(1)
-            args = {a.group(1): typed(tools, name, a.group(1), a.group(2)) for a in arg.finditer(body)}
+            name, schemas = match.group(1), parameters(tools, match.group(1))
+            args = {a.group(1): from_text(a.group(2), schemas.get(a.group(1), {})) for a in arg.finditer(body)}
             calls.append({"type": "function", "function": {"name": name, "arguments": args}})
         return calls
 
@@ -107,16 +121,82 @@ class TagCallLayout:
         )
 
 
-def typed(tools: list[dict[str, Any]], name: str, key: str, value: str) -> Any:
-    """``value`` as the tool's schema types argument ``key`` (a string stays as written)."""
-    schema: dict[str, Any] = next((t["function"] for t in tools if t.get("function", {}).get("name") == name), {})
-    kind = schema.get("parameters", {}).get("properties", {}).get(key, {}).get("type", "string")
-    if kind == "string":
-        return value
-    try:
-        return json.loads(value)
-    except ValueError:
-        return value
+@dataclass(frozen=True)
+class CallListLayout:
+    """Calls written as Python calls after an opening: LFM2's ``<|tool_call_start|>[f(a='x', b=None), g()]``.
+
+    A value ends where the tool's next argument (``, b=``, a key of its schema) or the call's ``)`` follows and the
+    text before reads as a value (``loads``). ``escaped``: strings are written with backslash escapes (LFM2 v2
+    escapes quotes and newlines), else as they are (LFM2.5's ``'it's'``: the schema's keys tell which quote ends
+    the string). Read off the rendering of a call; both readings are tried on the probes (``ToolFormat.read``).
+    """
+
+    open: str
+    escaped: bool
+
+    @property
+    def marker(self) -> str:
+        """The text that opens the calls."""
+        return self.open
+
+    def parse(self, text: str, tools: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+        """The calls in ``text``; ``None`` when the calls open and do not parse."""
+        start = text.find(self.open)
+        if start < 0:
+            return []
+        calls, pos = [], start + len(self.open)
+        while (head := _CALL_HEAD.match(text, pos)) is not None:
+            keys = parameters(tools, head.group(1))
+            read = self._arguments(text, head.end(), keys) if keys else None
+            read = read or self._arguments(text, head.end(), {})  # an argument the schema lacks: any name
+            if read is None:
+                return None
+            args, pos = read
+            calls.append({"type": "function", "function": {"name": head.group(1), "arguments": args}})
+            if (comma := _COMMA.match(text, pos)) is None:
+                break
+            pos = comma.end()
+        return calls or None
+
+    def _arguments(self, text: str, pos: int, keys: Mapping[str, Any]) -> tuple[dict[str, Any], int] | None:
+        """The arguments from ``pos`` (after ``name(``) and where the call ends, the keys named by ``keys``."""
+        names = "|".join(map(re.escape, keys)) or r"[A-Za-z_]\w*"
+        ends = re.compile(rf"\s*(?:,\s*(?=(?:{names})\s*=)|(?P<close>\)))")
+        args: dict[str, Any] = {}
+        if close := _CLOSE.match(text, pos):
+            return args, close.end()
+        while (key := _KEY.match(text, pos)) is not None:
+            for end in ends.finditer(text, key.end()):
+                try:
+                    args[key.group(1)] = self._value(text[key.end() : end.start()])
+                except ValueError:
+                    continue
+                if end.group("close"):
+                    return args, end.end()
+                pos = end.end()
+                break
+            else:
+                return None
+        return None
+
+    def _value(self, text: str) -> Any:
+        text = text.strip()
+        if not self.escaped and len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":
+            return text[1:-1]
+        return loads(text)
+
+    @classmethod
+    def read(cls, reply: str, name: str) -> list[CallListLayout]:
+        """Both readings of ``reply``'s layout if it writes the call to ``name`` as ``name(...)`` after an opening."""
+        at = reply.find(name + "(")
+        opening = reply[:at].rpartition("\n")[2] if at >= 0 else ""
+        return [cls(opening, escaped) for escaped in (True, False)] if opening.strip() else []
+
+
+_CALL_HEAD = re.compile(r"\s*([A-Za-z_][\w.\-]*)\(")
+_KEY = re.compile(r"\s*([A-Za-z_]\w*)\s*=")
+_CLOSE = re.compile(r"\s*\)")
+_COMMA = re.compile(r"\s*,")
 
 
 def read_json_layout(replies: list[str], wanted: list[list[tuple[str, Any]]]) -> JsonCallLayout | None:

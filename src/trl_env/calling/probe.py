@@ -12,6 +12,7 @@ from trl_env.processors.derived import first_difference
 
 USER = "Xq7 tool user"
 SENTINEL = "Rz8result{}"
+CALL_ID = "call_{}"
 PROBE_TOOLS = [
     {
         "type": "function",
@@ -33,11 +34,49 @@ PROBE_TOOLS = [
             "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
         },
     },
+    {
+        "type": "function",
+        "function": {
+            "name": "pk7_values",
+            "description": "Take a value of every kind.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "text": {"type": "string"},
+                    "word": {"type": "string"},
+                    "note": {"type": "string", "nullable": True},
+                    "count": {"type": "integer"},
+                    "limit": {"type": "integer", "nullable": True},
+                    "flag": {"type": "boolean"},
+                    "ratio": {"type": "number"},
+                    "nested": {"type": "object"},
+                },
+                "required": ["text", "word", "note", "count", "limit", "flag", "ratio", "nested"],
+            },
+        },
+    },
 ]
-PROBE_CALLS: list[list[tuple[str, dict[str, Any]]]] = [
-    [("pk7_lookup", {"query": "Vq9 Paris, France", "limit": 37})],
-    [("pk7_note", {"text": 'Vq9 said "hi"'}), ("pk7_lookup", {"query": "Vq9 two words", "limit": 12})],
+Calls = list[tuple[str, dict[str, Any]]]
+ONE_CALL: Calls = [("pk7_lookup", {"query": "Vq9 Paris, France", "limit": 37})]
+TWO_CALLS: Calls = [("pk7_note", {"text": 'Vq9 said "hi"'}), ("pk7_lookup", {"query": "Vq9 two words", "limit": 12})]
+VALUES_CALL: Calls = [
+    (
+        "pk7_values",
+        {
+            "text": 'Vq9 it\'s "q", {b: [1]}\nnaïve 東京',
+            "word": "null",
+            "note": None,
+            "count": -7,
+            "limit": None,
+            "flag": False,
+            "ratio": 0.5,
+            "nested": {"xs": ["a", "b, c"], "on": True, "off": None, "n": [1, 2.5]},
+        },
+    )
 ]
+PROBE_CALLS: list[Calls] = [ONE_CALL, VALUES_CALL, TWO_CALLS, TWO_CALLS + VALUES_CALL]
+"""The replies a parser must read back: one call, every kind of argument value (``word`` and ``note`` are what
+only the schema tells apart in bare text), two and three calls (for templates that render several)."""
 CONTENT_PROBE = ' Vq9 a "quoted" word\n\\ é '
 
 
@@ -52,17 +91,35 @@ class Probe:
         self.parallel = options.get("parallel", True)
         if "args_as_text" not in options:
             try:
-                self.render(self.assistant(PROBE_CALLS[0]), tools=PROBE_TOOLS)
+                self.render(self.assistant(ONE_CALL), tools=PROBE_TOOLS)
             except TypeError:  # DeepSeek V3's template concatenates the arguments as a string
                 self.args_as_text = True
 
     def assistant(self, calls: Sequence[tuple[str, Mapping[str, Any]]]) -> list[dict[str, Any]]:
-        """An assistant message with these calls (arguments as a JSON string where the template wants one)."""
+        """An assistant message with these calls, each with an ``id`` as chat pipelines write them.
+
+        The arguments are a JSON string where the template wants one (DeepSeek V3).
+        """
         tool_calls = [
-            {"type": "function", "function": {"name": n, "arguments": json.dumps(a) if self.args_as_text else dict(a)}}
-            for n, a in calls
+            {
+                "id": CALL_ID.format(i),
+                "type": "function",
+                "function": {"name": n, "arguments": json.dumps(a) if self.args_as_text else dict(a)},
+            }
+            for i, (n, a) in enumerate(calls)
         ]
         return [{"role": "assistant", "content": "", "tool_calls": tool_calls}]
+
+    @staticmethod
+    def results(names: Sequence[str], contents: Sequence[str]) -> list[dict[str, Any]]:
+        """``tool`` messages answering the calls of ``assistant``, in order, each with its call's id and name.
+
+        Gemma 4 names a result by its ``tool_call_id``: without ids, every result gets the last call's name.
+        """
+        return [
+            {"role": "tool", "tool_call_id": CALL_ID.format(i), "name": n, "content": c}
+            for i, (n, c) in enumerate(zip(names, contents, strict=True))
+        ]
 
     def render(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]], generation: bool = False) -> str:
         """The template's text for the probe conversation followed by ``messages``."""
@@ -81,9 +138,8 @@ class Probe:
     ) -> tuple[str, str]:
         """The rendering up to the calls (no generation prompt) and with the results (with it)."""
         called = names if self.parallel else names[:1]  # a template with one call per reply: results follow it
-        messages = self.assistant([(n, {}) for n in called])
-        results = [{"role": "tool", "name": n, "content": c} for n, c in zip(names, contents, strict=True)]
-        return self.render([], tools=tools), self.render(messages + results, tools=tools, generation=True)
+        messages = self.assistant([(n, {}) for n in called]) + self.results(names, contents)
+        return self.render([], tools=tools), self.render(messages, tools=tools, generation=True)
 
     def after_stop(
         self, names: Sequence[str], contents: Sequence[str], stop: str, *, tools: list[dict[str, Any]]
@@ -103,10 +159,10 @@ class Probe:
         there, the first special token the template writes after that tail when a result follows (GLM's
         ``<|observation|>``).
         """
-        calls = PROBE_CALLS[0]
+        calls = ONE_CALL
         last_value = str(calls[0][1]["limit"])
         alone = self.render(self.assistant(calls), tools=PROBE_TOOLS)
-        results = [{"role": "tool", "name": calls[0][0], "content": SENTINEL.format(0)}]
+        results = self.results([calls[0][0]], [SENTINEL.format(0)])
         full = self.render(self.assistant(calls) + results, tools=PROBE_TOOLS, generation=True)
         alone_tail = alone[alone.rfind(last_value) :]
         start = full.rfind(last_value, 0, full.find(SENTINEL.format(0)))
@@ -125,7 +181,7 @@ class Probe:
 
     def renders_parallel(self) -> bool:
         """Whether the template writes every call of a reply with two (Llama 3.1 refuses, gpt-oss keeps the first)."""
-        calls = PROBE_CALLS[1]
+        calls = TWO_CALLS
         try:
             text = self.render(self.assistant(calls), tools=PROBE_TOOLS)
         except Exception:  # noqa: BLE001  # Llama 3.1: "This model only supports single tool-calls at once!"
@@ -148,7 +204,7 @@ class Probe:
 
     def content_form(self) -> str:
         """How the template writes a result's text: ``verbatim``, ``strip`` or ``json``."""
-        name = PROBE_CALLS[0][0][0]
+        name = ONE_CALL[0][0]
         _, full = self.with_results([name], [CONTENT_PROBE], PROBE_TOOLS)
         if CONTENT_PROBE in full:
             return "verbatim"
