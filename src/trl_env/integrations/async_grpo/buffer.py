@@ -50,7 +50,10 @@ class _RolloutBuffer(queue.Queue):  # type: ignore[type-arg]  # of RolloutSample
         return not self.claimed or self.claimed + n <= left_now + max_staleness * self.rows_per_version
 
     def release(self, n: int) -> None:
-        """Give up ``n`` claimed rows that will never be read (no row made, stale, stopped)."""
+        """Give up ``n`` claimed rows that will never be read (no row made, stale, stopped).
+
+        A negative ``n`` claims the rows a group made beyond its claim (``history="deployed"``: several per episode).
+        """
         if n:
             with self.may_start:
                 self.claimed -= n
@@ -75,21 +78,26 @@ class _RolloutBuffer(queue.Queue):  # type: ignore[type-arg]  # of RolloutSample
         self.may_start.notify_all()
         return item
 
-    def put_fresh(self, item: Any, stale: Callable[[Any], bool], timeout: float) -> str:
-        """Put ``item`` unless ``stale(item)``; returns ``"pushed"``, ``"stale"`` or ``"full"`` (after ``timeout``)."""
+    def put_fresh(self, items: list[Any], stale: Callable[[Any], bool], timeout: float) -> str:
+        """Put an episode's rows together unless the first (its oldest) is stale: ``"pushed"``, ``"stale"``, ``"full"``.
+
+        ``"full"`` after ``timeout`` without room. Room for one row is enough: an episode of k rows may fill the
+        buffer up to ``maxsize + k - 1``, so no episode waits forever and none is split by a version sync.
+        """
         with self.not_full:
             if 0 < self.maxsize <= self._qsize():
                 self.not_full.wait(timeout)
                 if 0 < self.maxsize <= self._qsize():
                     return "full"
-            if stale(item):
-                self.claimed -= 1
+            if stale(items[0]):
+                self.claimed -= len(items)
                 self.may_start.notify_all()
                 return "stale"
-            item.enqueued_at = time.time()
-            self._put(item)
-            self.unfinished_tasks += 1
-            self.not_empty.notify()
+            for item in items:
+                item.enqueued_at = time.time()
+                self._put(item)
+                self.unfinished_tasks += 1
+                self.not_empty.notify()
             return "pushed"
 
     def evict(self, stale: Callable[[Any], bool]) -> int:

@@ -55,14 +55,17 @@ class GroupRecord:
     """Per episode: (oldest, newest) policy version among its turns; ``None`` for an episode without a turn."""
     endings: tuple[str, ...]
     pushed: int
+    """Its episodes pushed (their rows put on the buffer: one each with ``history="sampled"``, one per row with
+    ``"deployed"``)."""
     dropped_stale: int
+    """Its episodes dropped as stale when it ended."""
     complete: bool
     """False for a group cut short by ``stop()`` (or by another group thread's failure): either before it was scored
     (its generations in flight were failed; nothing was pushed) or while its rows waited for room in the buffer (only
     ``pushed`` of them were)."""
     stopped: int = 0
     """Its episodes counted as ``stopped`` in ``TrlEnvRolloutWorker.counts``: all of them for a group stopped before
-    it was scored, else its rows not pushed when ``stop()`` came."""
+    it was scored, else its episodes not pushed when ``stop()`` came."""
 
 
 @functools.cache

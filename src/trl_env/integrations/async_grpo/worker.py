@@ -47,7 +47,9 @@ from trl_env.integrations.options import (
 )
 from trl_env.isolation import isolated
 from trl_env.processors.base import Processor, check_processor
-from trl_env.rollout import Ending, Rollout, batch_rollout
+from trl_env.rollout import Ending, History, Rollout, batch_rollout
+from trl_env.rollout.history import DeployedHistory
+from trl_env.rollout.records import Row, Turn
 from trl_env.rollout.transcripts import write_transcripts
 
 if TYPE_CHECKING:
@@ -107,7 +109,9 @@ class TrlEnvRolloutWorker:
         system_prompt: replaces the processor's ``system_prompt`` field.
         limits: ``Limits`` (as ``make_rollout_func``).
         engine: ``EngineOptions`` (as ``make_rollout_func``); ``env_workers`` is per group, capped at
-            ``num_generations``.
+            ``num_generations``. ``history="deployed"`` (with ``template_kwargs``): each turn sampled from the chat
+            template's rendering; an episode pushes one sample per ``Rollout.rows`` row, each with the episode's
+            advantage (docs/history.md).
         logging: ``LoggingOptions``: ``transcripts`` (JSONL, ``step`` = the version at dispatch),
             ``transcripts_every`` (every N-th group). ``check_template_every`` is not supported here.
         sampling: the sampling settings of a generator built from a URL (default: temperature 1).
@@ -177,6 +181,8 @@ class TrlEnvRolloutWorker:
             raise ConfigError("check_template_every is not supported by the async worker; use make_rollout_func.")
         if system_prompt is not None:
             processor = _with_system_prompt(processor, system_prompt)
+        if built.engine.history is History.DEPLOYED:  # refused at once, not on the first group's thread
+            DeployedHistory.check(processor, tokenizer, None, built.engine.template_kwargs)
         if built.engine.env_executor == "process":
             engine_options = built.engine
             env_factory = isolated(
@@ -212,11 +218,12 @@ class TrlEnvRolloutWorker:
         """The most recent groups, oldest first (for tests, benchmarks and debugging)."""
         self.counts: dict[str, int] = defaultdict(int)
         """Running totals. ``groups`` and ``episodes`` run (stopped ones too); each episode has one fate: ``pushed``
-        (a row put on ``rollout_buffer``), ``failed``, ``untrainable``, ``truncated_masked``, ``dropped_unscored``,
-        ``dropped_stale`` (stale when its group ended) or ``stopped`` (its group was cut short by ``stop()``), so
-        ``episodes`` is their sum. ``evicted``: pushed rows removed from the buffer as stale at a version sync
-        (``rollout/dropped_stale_total`` is ``dropped_stale + evicted``). ``unscored``: episodes without a reward,
-        pushed with advantage 0 or dropped."""
+        (its rows put on ``rollout_buffer``, all at once), ``failed``, ``untrainable``, ``truncated_masked``,
+        ``dropped_unscored``, ``dropped_stale`` (stale when its group ended) or ``stopped`` (its group was cut short
+        by ``stop()``), so ``episodes`` is their sum. ``rows``: the rows pushed (``pushed`` with
+        ``history="sampled"``; with ``"deployed"`` one per ``Rollout.rows`` row). ``evicted``: pushed rows removed
+        from the buffer as stale at a version sync (``rollout/dropped_stale_total`` is ``dropped_stale + evicted``).
+        ``unscored``: episodes without a reward, pushed with advantage 0 or dropped."""
 
         self.model_version = 0
         """The policy version now live (``update_model_version``); the trainer's first sync makes it 1."""
@@ -342,14 +349,15 @@ class TrlEnvRolloutWorker:
     def _run(self) -> None:
         try:
             while not self._halted():
-                if not self._buffer.claim(self.num_generations, self.max_staleness, timeout=0.2):
+                claim = self._rows_to_claim()
+                if not self._buffer.claim(claim, self.max_staleness, timeout=0.2):
                     self._tick()  # waiting for the trainer is not a hang
                     continue
                 if self._halted():  # stop() came while it waited
-                    self._buffer.release(self.num_generations)
+                    self._buffer.release(claim)
                     break
                 index = next(self._seed_index)
-                self._run_group(index, self.seeds[index % len(self.seeds)])
+                self._run_group(index, self.seeds[index % len(self.seeds)], claim)
         except BaseException as e:  # noqa: BLE001  # reported by check_health, which the trainer calls
             with self._lock:
                 if self._error is None:
@@ -357,7 +365,18 @@ class TrlEnvRolloutWorker:
             self._failed.set()  # every thread stops: the trainer's queue empties and check_health raises
             logger.error("trl-env rollout worker thread %s failed: %r", threading.current_thread().name, e)
 
-    def _run_group(self, group_id: int, seed: Any) -> None:
+    def _rows_to_claim(self) -> int:
+        """The rows a group is expected to push: ``num_generations`` times the rows per pushed episode so far.
+
+        Exactly ``num_generations`` with ``history="sampled"`` (one row per episode); the claim is settled to the rows
+        the group really made once it is scored.
+        """
+        with self._lock:
+            rows, episodes = self.counts.get("rows", 0), self.counts.get("pushed", 0)
+        per_episode = rows / episodes if episodes and rows > episodes else 1.0
+        return max(1, round(self.num_generations * per_episode))
+
+    def _run_group(self, group_id: int, seed: Any, claim: int) -> None:
         started, version_at_start = time.time(), self.model_version
         gen = _GroupGenerator(self)
         engine = self.options.engine
@@ -374,14 +393,16 @@ class TrlEnvRolloutWorker:
             env_timeout=engine.env_timeout,
             coalesce_s=engine.coalesce_s,
             on_episode_end=lambda _: self._tick(),
+            history=engine.history,
+            template_kwargs=engine.template_kwargs,
         )
         ended = time.time()
         self._tick()
         fallback = gen.first_version if gen.first_version is not None else version_at_start
-        versions = [self._versions(r, fallback, gen.last_version) for r in rollouts]
+        versions = [self._versions(r.turns, fallback, gen.last_version) for r in rollouts]
         endings = tuple(r.ending.value for r in rollouts)
         if self._halted():  # stopped: its generations in flight were failed; nothing of it is pushed
-            self._buffer.release(self.num_generations)
+            self._buffer.release(claim)
             with self._lock:
                 for key, value in (("groups", 1), ("episodes", len(rollouts)), ("stopped", len(rollouts))):
                     self.counts[key] += value
@@ -392,21 +413,24 @@ class TrlEnvRolloutWorker:
             if self.on_group is not None:
                 self.on_group(record, rollouts)
             return
-        samples, metrics = self._score(group_id, rollouts, versions)
-        self._buffer.release(self.num_generations - len(samples))  # failed, untrainable, ...: no row
-        pushed, dropped, waited = self._push(samples)
-        stopped = len(samples) - pushed - dropped  # stop() came while they waited for room in the buffer
-        self._buffer.release(stopped)
+        episodes, metrics = self._score(group_id, rollouts, versions, fallback, gen.last_version)
+        self._buffer.release(claim - sum(map(len, episodes)))  # failed, untrainable, ...: no row (more: a claim)
+        pushed, dropped, waited, rows, rows_left = self._push(episodes)
+        stopped = len(episodes) - pushed - dropped  # stop() came while they waited for room in the buffer
+        self._buffer.release(rows_left)
         metrics.update({
             "rollout/pushed_total": float(pushed),
             "rollout/dropped_stale_total": float(dropped),
             "rollout/backpressure_s": waited,
             "rollout/group_s": ended - started,
         })  # fmt: skip
+        if self.options.engine.history is History.DEPLOYED:
+            metrics["rollout/rows_pushed_total"] = float(rows)
         self._put_metrics(metrics)
         self._put_metrics({k: (v, 1.0) for k, v in _env_metrics(rollouts).items()})
         with self._lock:
             self.counts["pushed"] += pushed
+            self.counts["rows"] += rows
             self.counts["dropped_stale"] += dropped
             self.counts["stopped"] += stopped
         record = GroupRecord(
@@ -417,11 +441,11 @@ class TrlEnvRolloutWorker:
         if self.on_group is not None:
             self.on_group(record, rollouts)
 
-    def _versions(self, r: Rollout, fallback: int, newest: int | None) -> tuple[int, int] | None:
-        """(oldest, newest) version among the episode's turns: from their adapter names, else ``fallback``."""
-        if not r.turns:
+    def _versions(self, turns: Sequence[Turn], fallback: int, newest: int | None) -> tuple[int, int] | None:
+        """(oldest, newest) version among an episode's or a row's turns: from their adapter names, else ``fallback``."""
+        if not turns:
             return None
-        parsed = [self._parse_policy(t.policy) for t in r.turns]
+        parsed = [self._parse_policy(t.policy) for t in turns]
         known = [v for v in parsed if v is not None]
         if len(known) < len(parsed):  # no adapter names (full-weight sync, or a generator that records none)
             known += [fallback, newest if newest is not None else fallback]
@@ -432,9 +456,17 @@ class TrlEnvRolloutWorker:
         return int(match.group(1)) if match else None
 
     def _score(
-        self, group_id: int, rollouts: list[Rollout], versions: list[tuple[int, int] | None]
-    ) -> tuple[list[RolloutSample], dict[str, Any]]:
-        """The group's rows to push (advantages over its scored, non-failed episodes) and its metrics."""
+        self,
+        group_id: int,
+        rollouts: list[Rollout],
+        versions: list[tuple[int, int] | None],
+        fallback: int,
+        newest: int | None,
+    ) -> tuple[list[list[RolloutSample]], dict[str, Any]]:
+        """The group's rows to push, per episode, and its metrics.
+
+        Each episode counts once in the advantages (over its scored, non-failed episodes); its rows carry its advantage.
+        """
         n = len(rollouts)
         failed = [r.ending is Ending.ERROR for r in rollouts]
         rewards = [None if f else r.reward for r, f in zip(rollouts, failed, strict=True)]
@@ -453,11 +485,12 @@ class TrlEnvRolloutWorker:
             if self.mask_truncated and r.truncated:
                 masked += 1
                 continue
-            sample = self._to_sample(r, 0.0 if adv is None else adv, reward, reward_std, version, group_id)
-            if sample is None:
+            rows = self._to_samples(r, 0.0 if adv is None else adv, reward, reward_std, version, group_id, fallback,
+                                    newest)  # fmt: skip
+            if not rows:
                 untrainable += 1
                 continue
-            samples.append(sample)
+            samples.append(rows)
         spans = [v[1] - v[0] for v in versions if v is not None]
         metrics: dict[str, Any] = {
             "rollout/groups_total": 1.0,
@@ -478,7 +511,7 @@ class TrlEnvRolloutWorker:
                 self.counts[key] += value
         return samples, metrics
 
-    def _to_sample(
+    def _to_samples(
         self,
         r: Rollout,
         advantage: float,
@@ -486,24 +519,59 @@ class TrlEnvRolloutWorker:
         reward_std: float,
         version: tuple[int, int] | None,
         group_id: int,
+        fallback: int,
+        newest: int | None,
+    ) -> list[RolloutSample]:
+        """The episode's rows (``Rollout.rows``: one with ``history="sampled"``), each with the episode's advantage.
+
+        Empty when a row must not reach the trainer; then the episode is untrainable as a whole (its rows are
+        trained together or not at all). A row's ``model_version`` is the oldest among its own turns.
+        """
+        if version is None or r.info.get("placeholder"):
+            return []
+        rows = r.rows or (Row(r.prompt_ids, r.completion_ids, r.logprobs, r.env_mask, len(r.turns)),)
+        if len(rows) == 1:  # the episode's own lists and versions (history="sampled", or a merged deployed episode)
+            sample = self._to_sample(rows[0], r.turns, advantage, reward, reward_std, version, group_id, r.seed)
+            return [] if sample is None else [sample]
+        samples, first = [], 0
+        for row in rows:
+            turns = r.turns[first : first + row.turns]
+            first += row.turns
+            row_version = self._versions(turns, fallback, newest) or version
+            sample = self._to_sample(row, turns, advantage, reward, reward_std, row_version, group_id, r.seed)
+            if sample is None:
+                return []
+            samples.append(sample)
+        return samples
+
+    def _to_sample(
+        self,
+        row: Row,
+        turns: Sequence[Turn],
+        advantage: float,
+        reward: float | None,
+        reward_std: float,
+        version: tuple[int, int],
+        group_id: int,
+        seed: Any,
     ) -> RolloutSample | None:
-        """One episode as one row, or ``None`` when the row must not reach the trainer."""
-        if version is None or r.info.get("placeholder") or not any(r.env_mask):
+        """One row as a ``RolloutSample``, or ``None`` when it must not reach the trainer."""
+        if not any(row.env_mask):
             return None  # no trained token: an empty loss row crashes the trainer (segment_id.max() of nothing)
-        n = len(r.prompt_ids)
-        mask = np.asarray([0] * n + r.env_mask, dtype=np.int64)
-        logprobs = np.asarray([0.0] * n + r.logprobs, dtype=np.float32)
+        n = len(row.prompt_ids)
+        mask = np.asarray([0] * n + row.env_mask, dtype=np.int64)
+        logprobs = np.asarray([0.0] * n + row.logprobs, dtype=np.float32)
         if not np.isfinite(logprobs[mask == 1]).all():
             return None  # a None logprob from the server (parsed as NaN) would make the loss NaN
         completion = []
-        for turn in r.turns:
+        for turn in turns:
             completion.append({"role": "assistant", "content": turn.text})
             if turn.delta:
                 completion.append({"role": "user", "content": turn.delta})
         return _rollout_sample()(
-            prompt=[{"role": "user", "content": str(r.seed)}],
+            prompt=[{"role": "user", "content": str(seed)}],
             completion=completion,
-            input_ids=np.asarray(r.prompt_ids + r.completion_ids, dtype=np.int64),
+            input_ids=np.asarray(row.prompt_ids + row.completion_ids, dtype=np.int64),
             completion_mask=mask,
             old_log_probs=logprobs,
             advantage=float(advantage),
@@ -512,27 +580,33 @@ class TrlEnvRolloutWorker:
             metrics={
                 "reward": math.nan if reward is None else float(reward),
                 "reward_std": reward_std,
-                "env/turns": float(len(r.turns)),
+                "env/turns": float(len(turns)),
             },
         )
 
-    def _push(self, samples: list[RolloutSample]) -> tuple[int, int, float]:
-        """Put the rows on the buffer, a group's rows together; drop stale ones. Returns (pushed, dropped, waited_s)."""
-        pushed = dropped = 0
+    def _push(self, episodes: list[list[RolloutSample]]) -> tuple[int, int, float, int, int]:
+        """Put the rows on the buffer, a group's rows together, an episode's rows at once; drop stale episodes.
+
+        Returns (episodes pushed, episodes dropped as stale, waited_s, rows pushed, rows left unpushed by ``stop()``).
+        """
+        pushed = dropped = rows = 0
         waited = 0.0
         with self._push_lock:
-            for sample in samples:
+            for k, samples in enumerate(episodes):
                 while not self._halted():
                     t0 = time.monotonic()
-                    outcome = self._buffer.put_fresh(sample, self._stale, timeout=0.2)
+                    outcome = self._buffer.put_fresh(samples, self._stale, timeout=0.2)
                     if outcome == "full":
                         waited += time.monotonic() - t0
                         self._tick()  # waiting for the trainer is not a hang
                         continue
                     pushed += outcome == "pushed"
+                    rows += len(samples) if outcome == "pushed" else 0
                     dropped += outcome == "stale"
                     break
-        return pushed, dropped, waited
+                else:
+                    return pushed, dropped, waited, rows, sum(map(len, episodes[k:]))
+        return pushed, dropped, waited, rows, 0
 
     def _stale(self, sample: RolloutSample) -> bool:
         return self.model_version - sample.model_version > self.max_staleness
