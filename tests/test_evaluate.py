@@ -131,3 +131,46 @@ def test_eval_runs_envs_in_worker_processes_with_the_executor_option(tmp_path, c
     assert status == 0
     printed = capsys.readouterr().out
     assert "| episodes | 4 |" in printed and "| error_rate | 0 |" in printed
+
+
+def test_eval_passes_history_and_template_kwargs_and_counts_tokens_over_rows(tmp_path, capsys, monkeypatch):
+    import trl_env.rollout
+
+    model_dir = save_tiny_model(tmp_path / "tiny")
+    seen, batch_rollout = [], trl_env.rollout.batch_rollout
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs)
+        rollouts = batch_rollout(*args, **kwargs)
+        seen[-1]["rollouts"] = rollouts
+        return rollouts
+
+    monkeypatch.setattr(trl_env.rollout, "batch_rollout", spy)
+    common = ["eval", "--env", GUESS, "--model", str(model_dir), "--n", "6", "--max-turns", "3", "--max-new-tokens",
+              "6", "--parse-truncated-turns", "--processor", "auto"]  # fmt: skip
+    assert main(common) == 0
+    assert seen[-1]["history"] == "sampled" and seen[-1]["template_kwargs"] is None  # the default, unchanged
+    assert main([*common, "--history", "deployed", "--template-kwargs", '{"enable_thinking": false}']) == 0
+    assert seen[-1]["history"] == "deployed" and seen[-1]["template_kwargs"] == {"enable_thinking": False}
+    rollouts = seen[-1]["rollouts"]
+    model_tokens = sum(t.num_model_tokens for r in rollouts for t in r.turns) / len(rollouts)
+    printed = capsys.readouterr().out
+    assert f"| mean_model_tokens | {model_tokens:.4g} |" in printed  # every row's sampled tokens, not the last row's
+
+
+def test_eval_refuses_deployed_history_without_a_chat_template(tmp_path, capsys):
+    from transformers import AutoTokenizer
+
+    model_dir = save_tiny_model(tmp_path / "tiny")
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.chat_template = None
+    tok.save_pretrained(tmp_path / "bare")
+    for name in ("chat_template.jinja", "chat_template.json"):
+        (tmp_path / "bare" / name).unlink(missing_ok=True)
+    args = ["eval", "--env", GUESS, "--model", str(model_dir), "--tokenizer", str(tmp_path / "bare"), "--n", "2"]
+    assert main([*args, "--history", "deployed"]) == 2
+    assert "chat template" in capsys.readouterr().err
+    assert main([*args, "--history", "deployed", "--template-kwargs", "[1]"]) == 2
+    assert "--template-kwargs" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*args, "--history", "rendered"])

@@ -91,7 +91,12 @@ def evaluate_command(args: argparse.Namespace) -> int:
             env_factory = isolated(env_factory, pool_size=args.env_workers)
         seeds = _seeds(args)
         tokenizer, generator = _generator(args)
+        template_kwargs = _template_kwargs(args.template_kwargs)
         processor = processor_from_args(args, tokenizer)
+        if args.history == "deployed":  # refused here, with exit status 2, not at the first episode
+            from trl_env.rollout.history import DeployedHistory
+
+            DeployedHistory.check(processor, tokenizer, None, template_kwargs)
     except ConfigError as e:
         print(f"trl-env eval: {e}", file=sys.stderr)
         return 2
@@ -101,7 +106,8 @@ def evaluate_command(args: argparse.Namespace) -> int:
     summary, _ = evaluate(seeds, env_factory, processor, tokenizer, generator, budgets=budgets,
                           parse_truncated_turns=args.parse_truncated_turns, out_dir=args.out,
                           success_threshold=args.success_threshold, env_workers=args.env_workers,
-                          env_timeout=args.env_timeout)  # fmt: skip
+                          env_timeout=args.env_timeout, history=args.history,
+                          template_kwargs=template_kwargs)  # fmt: skip
     print(summary.table())
     if args.out:
         print(f"transcripts: {args.out}/transcripts.jsonl, {args.out}/transcripts.md")
@@ -116,7 +122,9 @@ def processor_from_args(args: argparse.Namespace, tokenizer: Any) -> Any:
     from trl_env.processors import from_tokenizer, get_processor
 
     if args.processor == "auto":
-        processor = from_tokenizer(tokenizer, system_prompt=args.system_prompt)
+        kwargs = _template_kwargs(getattr(args, "template_kwargs", None))
+        processor = from_tokenizer(tokenizer, system_prompt=args.system_prompt, **({"template_kwargs": kwargs} if kwargs
+                                   else {}))  # fmt: skip
     else:
         processor = get_processor(args.processor, system_prompt=args.system_prompt)
     if args.action_tags:
@@ -125,6 +133,23 @@ def processor_from_args(args: argparse.Namespace, tokenizer: Any) -> Any:
             raise ConfigError(f"--action-tags {args.action_tags!r}: give 'OPEN,CLOSE', e.g. '<answer>,</answer>'.")
         processor = dataclasses.replace(processor, action_tags=tags)  # type: ignore[type-var]  # a family dataclass
     return processor
+
+
+def _template_kwargs(text: str | None) -> dict[str, Any] | None:
+    """``--template-kwargs`` (a JSON object) as a dict, or ``None``."""
+    from trl_env.errors import ConfigError
+
+    if not text:
+        return None
+    try:
+        kwargs = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(
+            f"--template-kwargs {text!r} is not JSON ({e}); e.g. '{{\"enable_thinking\": false}}'."
+        ) from e
+    if not isinstance(kwargs, dict):
+        raise ConfigError(f"--template-kwargs {text!r}: give a JSON object, e.g. '{{\"enable_thinking\": false}}'.")
+    return kwargs
 
 
 def _with_kwargs(factory: Any, env_kwargs: str | None) -> Any:
@@ -257,6 +282,19 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--max-completion-tokens", type=int, default=2048)
     e.add_argument("--temperature", type=float, default=1.0)
     e.add_argument("--parse-truncated-turns", action="store_true")
+    e.add_argument(
+        "--history",
+        choices=("sampled", "deployed"),
+        default="sampled",
+        help="each turn sampled from every token so far (default) or from the chat template's rendering of the "
+        "conversation so far, as deployed (docs/history.md)",
+    )
+    e.add_argument(
+        "--template-kwargs",
+        default=None,
+        help="JSON chat-template variables for --history deployed and --processor auto, e.g. "
+        "'{\"enable_thinking\": false}'",
+    )
     e.add_argument("--success-threshold", type=float, default=1.0, help="reward that counts as a success")
     e.add_argument("--out", default=None, help="folder for summary.md, transcripts.jsonl, transcripts.md")
     e.set_defaults(run=evaluate_command)

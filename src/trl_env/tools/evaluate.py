@@ -12,7 +12,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +51,7 @@ def summarize(rollouts: Sequence[Rollout], *, wall_s: float, success_threshold: 
     """Figures over ``rollouts``; rewards of failed episodes (``None``) are left out of the mean."""
     n = max(1, len(rollouts))
     rewards = [r.reward for r in rollouts if r.reward is not None]
+    rows_B = [r.rows or (r,) for r in rollouts]  # history="deployed": several rows, every sampled token in one
     return Summary(
         episodes=len(rollouts),
         mean_reward=statistics.fmean(rewards) if rewards else float("nan"),
@@ -58,8 +59,10 @@ def summarize(rollouts: Sequence[Rollout], *, wall_s: float, success_threshold: 
         mean_turns=statistics.fmean(len(r.turns) for r in rollouts) if rollouts else 0.0,
         truncation_rate=sum(r.truncated for r in rollouts) / n,
         error_rate=sum(r.ending is Ending.ERROR for r in rollouts) / n,
-        mean_model_tokens=statistics.fmean(sum(r.env_mask) for r in rollouts) if rollouts else 0.0,
-        mean_completion_tokens=statistics.fmean(len(r.completion_ids) for r in rollouts) if rollouts else 0.0,
+        mean_model_tokens=statistics.fmean(sum(sum(w.env_mask) for w in rows) for rows in rows_B) if rollouts else 0.0,
+        mean_completion_tokens=statistics.fmean(sum(len(w.completion_ids) for w in rows) for rows in rows_B)
+        if rollouts
+        else 0.0,
         wall_s=wall_s,
     )
 
@@ -121,8 +124,14 @@ def evaluate(
     progress: bool = True,
     env_workers: int = 16,
     env_timeout: float | None = 300.0,
+    history: str = "sampled",
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> tuple[Summary, list[Rollout]]:
-    """Run one episode per seed and summarise; with ``out_dir``, also write transcripts (JSONL and markdown)."""
+    """Run one episode per seed and summarise; with ``out_dir``, also write transcripts (JSONL and markdown).
+
+    ``history``/``template_kwargs``: as ``batch_rollout``'s (``"deployed"``: each turn sampled from the chat
+    template's rendering, as the deployed model sees it; docs/history.md).
+    """
     from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
     from trl_env.rollout import batch_rollout
@@ -133,7 +142,7 @@ def evaluate(
         rollouts = batch_rollout(
             seeds, env_factory, processor, tokenizer, generator, budgets=budgets,
             parse_truncated_turns=parse_truncated_turns, on_episode_end=lambda _: bar.update(1),
-            env_workers=env_workers, env_timeout=env_timeout,
+            env_workers=env_workers, env_timeout=env_timeout, history=history, template_kwargs=template_kwargs,
         )  # fmt: skip
     finally:
         bar.close()
