@@ -263,6 +263,33 @@ def test_sleeping_forever_is_stopped_by_the_wall_clock_limit():
     assert result.stdout == "started\n"  # unbuffered: what was printed before the kill is kept
 
 
+def processes_of(result: SandboxResult) -> list[str]:
+    """Host processes still running this sandbox's code (their command line names its unique work directory)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        if result.workdir in cmdline:
+            found.append(f"{pid}: {cmdline.replace(chr(0), ' ')[:120]}")
+    return found
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import time\ntime.sleep(60)",
+        "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True:\n    time.sleep(0.1)",
+    ],
+)
+def test_a_run_stopped_by_the_wall_clock_leaves_no_process_behind(code):
+    result = run(code, dataclasses.replace(FAST, wall_seconds=1))
+    assert result.status is SandboxStatus.TIMEOUT
+    assert processes_of(result) == []  # the code, in a session of its own and no longer root, outlived bwrap before
+
+
 def test_output_is_capped():
     result = run("print('x' * 100_000)\nimport sys\nprint('e' * 5000, file=sys.stderr)")
     assert result.status is SandboxStatus.OK and result.truncated

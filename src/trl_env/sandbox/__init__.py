@@ -13,6 +13,7 @@ import os
 import pwd
 import resource
 import secrets
+import select
 import selectors
 import shutil
 import signal
@@ -164,9 +165,11 @@ class Sandbox:
         if filter_program is not None:
             fds.append(_memfd("seccomp", filter_program))
         chan_r, chan_w = os.pipe()
-        fds.append(chan_w)
+        info_r, info_w = os.pipe()  # bwrap says there which host pid the code got
+        fds += [chan_w, info_w]
         config = self._child_config(workdir, chan_w, uid, gid, cpu)
         bwrap_argv, layers = self._bwrap_argv(workdir, fds[0], fds[1] if filter_program is not None else None, root)
+        bwrap_argv += ["--info-fd", str(info_w)]
         argv = [self.python, "-I", "-B", "-u", "-X", "utf8"] + ([] if self.site_packages else ["-S"])
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
         started = time.monotonic()
@@ -184,10 +187,12 @@ class Sandbox:
             )
         except BaseException:
             os.close(chan_r)
+            os.close(info_r)
             raise
         finally:
             for fd in fds:
                 os.close(fd)
+        code = _code_process(info_r, proc.pid, deadline)
         status_lines = _StatusLines()
         with os.fdopen(chan_r, "rb") as channel, proc:  # closes the pipes at the end
             assert proc.stdout is not None and proc.stderr is not None
@@ -197,7 +202,10 @@ class Sandbox:
                 if not timed_out:
                     timed_out = not _wait_exit(proc.pid, deadline)
             finally:  # even if this thread is interrupted: no process outlives run()
-                # bwrap is the group leader; killing it kills its PID namespace (--die-with-parent), hence the code
+                # The code is PID 1 of its namespace: killing it ends every process in there. It runs in a session
+                # of its own (--new-session) and --die-with-parent's signal is cleared when it becomes nobody, so
+                # killing bwrap's group alone would leave it running.
+                _kill_code(code)
                 _kill_group(proc.pid)  # before reaping, so the group id cannot have been reused
                 _, status, usage = os.wait4(proc.pid, 0)
                 proc.returncode = os.waitstatus_to_exitcode(status)
@@ -387,6 +395,48 @@ def _wait_exit(pid: int, deadline: float) -> bool:
             return False
         time.sleep(0.005)
     return True
+
+
+def _code_process(info: int, bwrap_pid: int, deadline: float) -> int | None:
+    """A pidfd of the code's process, from the host pid bwrap reports on ``--info-fd``; closes ``info``.
+
+    ``None`` when bwrap reported nothing (it could not start the sandbox) or the process is already gone. The pidfd
+    is opened, then the process is checked to be bwrap's child, so a reused pid can never be signalled.
+    """
+    data = b""
+    try:
+        while b"}" not in data:
+            ready, _, _ = select.select([info], [], [], max(0.0, deadline - time.monotonic()))
+            chunk = os.read(info, 4096) if ready else b""
+            if not chunk:
+                return None
+            data += chunk
+        pid = int(json.loads(data)["child-pid"])
+        pidfd = os.pidfd_open(pid)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    finally:
+        os.close(info)
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as stat:
+            parent = int(stat.read().rpartition(")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        parent = -1
+    if parent != bwrap_pid:
+        os.close(pidfd)
+        return None
+    return pidfd
+
+
+def _kill_code(pidfd: int | None) -> None:
+    if pidfd is None:
+        return
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # already gone
+    finally:
+        os.close(pidfd)
 
 
 def _kill_group(pid: int) -> None:
