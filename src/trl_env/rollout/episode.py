@@ -314,7 +314,7 @@ class Calls:
         next_ids = None
         if messages is not None:
             assert self.deployed is not None
-            messages = [*messages, self.deployed.reply(text), {"role": "user", "content": checked.delta}]
+            messages = [*messages, self.deployed.reply(text), *self.deployed.answer(checked.delta)]
             if checked.alive and turn < self.max_turns:
                 next_ids = self.deployed.encode(messages)
         elif checked.alive and turn < self.max_turns:

@@ -2,25 +2,30 @@
 
 ``DeployedHistory`` renders each turn's prompt with the tokenizer's chat template (``apply_chat_template`` of the
 messages so far, with the generation prompt), so earlier reasoning is dropped or rewritten exactly as the model's
-deployment does; env text stays plain text. See docs/history.md for the trade-off and the rows it produces.
+deployment does; env text stays plain text. With a ``ToolProcessor``, a reply with calls is an assistant message with
+``tool_calls`` and its results are ``tool`` messages (``tools=`` rendered). See docs/history.md.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from trl_env.calling.probe import CALL_ID, special_spans
 from trl_env.calling.processor import ToolProcessor
+from trl_env.calling.types import ToolCalls, ToolResults
 from trl_env.errors import ConfigError, EpisodeFailure, ProcessorError
-from trl_env.processors.base import FamilyProcessor, Processor, StopStrings
-from trl_env.processors.derived import mismatch, render
+from trl_env.processors.base import FamilyProcessor, ParseStatus, Processor, StopStrings
+from trl_env.processors.derived import mismatch
 
 __all__ = ["DeployedHistory", "History", "Message"]
 
-Message = dict[str, str]
+Message = dict[str, Any]
+"""A chat message: ``role``, ``content``; an assistant's ``tool_calls``; a tool result's ``tool_call_id``, ``name``."""
 _MARK = "TRLENVHISTORY5b1e{}Q"  # plain text no template rewrites; locates each env text in a rendering
 _MARKS = re.compile(r"TRLENVHISTORY5b1e(\d+)Q")
 
@@ -69,10 +74,13 @@ class DeployedHistory:
     ) -> DeployedHistory:
         """A ``DeployedHistory`` for ``processor`` and ``tokenizer``'s chat template, or the reason there is none.
 
+        A ``ToolProcessor`` renders with its tools (``tools=``) and, without ``template_kwargs``, the template
+        variables it was built with.
+
         Raises:
-            ConfigError: the tokenizer has no chat template, the processor calls tools (not rendered as history
-                yet), or the processor renders unlike the template at the generation boundary (the reply would be
-                parsed with other markers than the prompt it was sampled from).
+            ConfigError: the tokenizer has no chat template, or the processor renders unlike the template at the
+                generation boundary (the reply would be parsed with other markers than the prompt it was sampled
+                from).
         """
         name = type(processor).__name__
         if not getattr(tokenizer, "chat_template", None):
@@ -80,13 +88,12 @@ class DeployedHistory:
                 "history='deployed' renders every turn with the tokenizer's chat template, and "
                 f"{type(tokenizer).__name__} has none; set tokenizer.chat_template or use history='sampled'."
             )
+        base, kwargs = processor, dict(template_kwargs or {})
         if isinstance(processor, ToolProcessor):
-            raise ConfigError(
-                f"history='deployed' does not render tool calls and tool results as history yet ({name}); use "
-                "history='sampled' for tool envs."
-            )
-        kwargs = dict(template_kwargs or {})
-        problem = mismatch(processor, tokenizer, kwargs, system=getattr(processor, "system_prompt", None))
+            base = processor.format.base
+            kwargs = dict(processor.format.template_kwargs) if template_kwargs is None else kwargs
+        history = cls(tokenizer, processor, kwargs, text)
+        problem = mismatch(base, tokenizer, history.render_kwargs, system=getattr(base, "system_prompt", None))
         if problem is not None:
             raise ConfigError(
                 f"history='deployed': {name} renders unlike the tokenizer's chat template with "
@@ -95,11 +102,23 @@ class DeployedHistory:
                 "template_kwargs the processor was built for (e.g. {'enable_thinking': False}), or use "
                 "from_tokenizer(tokenizer, template_kwargs=...)."
             )
-        return cls(tokenizer, processor, kwargs, text)
+        return history
+
+    @property
+    def base(self) -> Processor:
+        """The processor that renders text turns: a ``ToolProcessor``'s base, else the processor itself."""
+        return self.processor.format.base if isinstance(self.processor, ToolProcessor) else self.processor
+
+    @property
+    def render_kwargs(self) -> dict[str, Any]:
+        """``template_kwargs``, with a ``ToolProcessor``'s tool schemas as ``tools``."""
+        if isinstance(self.processor, ToolProcessor):
+            return {**self.template_kwargs, "tools": self.processor.format.tools}
+        return dict(self.template_kwargs)
 
     def opening(self, observation: str) -> list[Message]:
         """The conversation before the first turn: the processor's system prompt (if any) and the observation."""
-        system = getattr(self.processor, "system_prompt", None)
+        system = getattr(self.base, "system_prompt", None)
         head = [] if system is None else [{"role": "system", "content": system}]
         return [*head, {"role": "user", "content": observation}]
 
@@ -107,7 +126,11 @@ class DeployedHistory:
         """The sampled turn as an assistant message: its text without the end-of-turn token(s) the template writes.
 
         Where the template reads reasoning from a field of its own (gpt-oss), the reply is split with the processor.
+        A ``ToolProcessor`` reply with calls carries them as ``tool_calls`` (ids ``call_0``, ... as in the probes
+        the format was read with; arguments a JSON string where the template wants one), its content the text
+        before the first call; a malformed call stays in the content as written.
         """
+        sampled = text
         stops = [str(s) for s in getattr(self.processor, "stop_strings", ())] if isinstance(
             self.processor, StopStrings) else []  # fmt: skip
         eos = str(getattr(self.tokenizer, "eos_token", None) or "")
@@ -115,55 +138,118 @@ class DeployedHistory:
             if stop and text.endswith(stop):
                 text = text[: -len(stop)]
                 break
-        family = self.processor if isinstance(self.processor, FamilyProcessor) else None
+        family = self.base if isinstance(self.base, FamilyProcessor) else None
         if family is not None and family.reply_end and text.endswith(family.reply_end):
             text = text[: -len(family.reply_end)]
+        if isinstance(self.processor, ToolProcessor):
+            parsed = self.processor.parse(sampled)
+            if parsed.status is ParseStatus.TOOL_CALL and isinstance(parsed.action, ToolCalls):
+                content = self._opened(self._before_calls(text.split(self.processor.format.call_marker, 1)[0]))
+                return self._with_calls(content, parsed.action)
         if family is not None and family.reasoning_field is not None:
             parsed = family.parse(text)
             return {"role": "assistant", "content": parsed.action, family.reasoning_field: parsed.reasoning}
         return {"role": "assistant", "content": text}
 
+    def _before_calls(self, head: str) -> str:
+        """The reply's content before its calls, as the template takes it.
+
+        Without trailing whitespace and the special tokens that open the calls (DeepSeek V3's
+        ``<｜tool▁calls▁begin｜>``), which the template writes itself; a reasoning close tag stays.
+        """
+        tags = getattr(self.base, "reasoning_tags", None) or ("", "")
+        head = head.rstrip()
+        for start, end in reversed(special_spans(self.tokenizer, head)):
+            if end != len(head) or head[start:end] in tags:
+                break
+            head = head[:start].rstrip()
+        return head
+
+    def _opened(self, content: str) -> str:
+        """``content`` with the reasoning opener the generation prompt wrote, where the turn was sampled inside it.
+
+        The template reads the reasoning off the content (Nemotron 3 renders a content without the opener as given).
+        """
+        tags = getattr(self.base, "reasoning_tags", None)
+        opens = getattr(self.base, "prompt_opens_reasoning", None)
+        if not (tags and callable(opens) and opens() and tags[1] in content and tags[0] not in content):
+            return content
+        prompt = self.base.init_system_input("")
+        return prompt[prompt.rfind(tags[0]) :] + content if tags[0] in prompt else content
+
+    def _with_calls(self, content: str, action: ToolCalls) -> Message:
+        assert isinstance(self.processor, ToolProcessor)
+        as_text = self.processor.format.args_as_text  # DeepSeek V3 concatenates the arguments as a string
+        calls = [
+            {
+                "id": CALL_ID.format(i),
+                "type": "function",
+                "function": {"name": c.name, "arguments": json.dumps(c.arguments) if as_text else dict(c.arguments)},
+            }
+            for i, c in enumerate(action.calls)
+        ]
+        return {"role": "assistant", "content": content, "tool_calls": calls}
+
+    def answer(self, delta: str) -> list[Message]:
+        """The env's answer: one ``tool`` message per result (with its call's id and name), else a user message."""
+        if isinstance(delta, ToolResults) and isinstance(self.processor, ToolProcessor):
+            return [
+                {"role": "tool", "tool_call_id": CALL_ID.format(i), "name": r.name, "content": str(r.content)}
+                for i, r in enumerate(delta.results)
+            ]
+        return [{"role": "user", "content": delta}]
+
     def encode(self, messages: list[Message]) -> list[int]:
         """The ids of the template's rendering of ``messages`` with the generation prompt; env text kept plain.
 
-        Without an added token's text in any user message, the rendering is tokenised whole (exactly
-        ``apply_chat_template(..., tokenize=True)``). Otherwise each user message is located in the rendering (by
+        Without an added token's text in any env message (user or tool), the rendering is tokenised whole (exactly
+        ``apply_chat_template(..., tokenize=True)``). Otherwise each env message is located in the rendering (by
         rendering markers in their place) and tokenised as plain text, the template's text around it as usual.
 
         Raises:
             EpisodeFailure: ``processor_error`` when the template fails or writes an env text holding special-token
-                text other than verbatim (or stripped).
+                text other than verbatim, stripped or JSON-quoted (gpt-oss's tool results).
         """
-        rendered = _render(self.tokenizer, messages, self.template_kwargs)
-        users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+        kwargs = self.render_kwargs
+        rendered = _render(self.tokenizer, messages, kwargs)
+        envs = [i for i, m in enumerate(messages) if m["role"] in ("user", "tool")]
         added = self.text._added  # noqa: SLF001  # the engine's added-token pattern, shared on purpose
-        if added is None or not any(added.search(messages[i]["content"]) for i in users):
+        if added is None or not any(added.search(messages[i]["content"]) for i in envs):
             return list(self.text.encode(rendered))
-        marked = [dict(m, content=_MARK.format(i)) if i in users else m for i, m in enumerate(messages)]
-        parts = _MARKS.split(_render(self.tokenizer, marked, self.template_kwargs))
-        for strip in (False, True):
+        marked = [dict(m, content=_MARK.format(i)) if i in envs else m for i, m in enumerate(messages)]
+        parts = _MARKS.split(_render(self.tokenizer, marked, kwargs))
+        for form in (_verbatim, str.strip, _quoted):
             pieces: list[tuple[str, bool]] = []
             for k, part in enumerate(parts):
                 if k % 2 == 0:
                     pieces.append((part, False))
                 else:
-                    content = messages[int(part)]["content"]
-                    pieces.append((content.strip() if strip else content, True))
+                    pieces.append((form(messages[int(part)]["content"]), True))
             if "".join(p for p, _ in pieces) == rendered:
                 return list(self.text.segments(pieces))
         raise EpisodeFailure(
             "processor_error",
             ProcessorError(
                 "history='deployed': the chat template writes an env text that holds special-token text other than "
-                "verbatim (or stripped), so trl-env cannot keep it plain text; last env text "
+                "verbatim (or stripped, or JSON-quoted), so trl-env cannot keep it plain text; last env text "
                 f"{messages[-1]['content']!r:.80}."
             ),
         )
 
 
+def _verbatim(text: str) -> str:
+    return text
+
+
+def _quoted(text: str) -> str:
+    """``text`` as a JSON string's inside (the marker's quotes are the template's own)."""
+    return json.dumps(text, ensure_ascii=False)[1:-1]
+
+
 def _render(tokenizer: Any, messages: list[Message], kwargs: Mapping[str, Any]) -> str:
+    """``apply_chat_template`` as text with the generation prompt (after a user or a tool message)."""
     try:
-        return render(tokenizer, messages, kwargs)
+        return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs))
     except Exception as e:  # noqa: BLE001  # a template that refuses this conversation fails its episode
         raise EpisodeFailure(
             "processor_error", ProcessorError(f"the chat template failed: {type(e).__name__}: {e}")
