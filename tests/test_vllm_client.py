@@ -228,7 +228,7 @@ def test_a_batch_answer_with_the_wrong_number_of_choices_is_sent_again_in_parts_
 
     def post(url, json, timeout):  # answers one choice whatever it was asked: right only for one prompt
         bodies.append(json["prompt"])
-        return Response(payload=echo({"prompt": json["prompt"][0] if isinstance(json["prompt"][0], list) else json["prompt"]}))
+        return Response(payload=echo({"prompt": prompts_of(json)[0]}))
 
     futures = make(post).submit([GenerationRequest([5, i], 8, (2,)) for i in range(3)])
     assert [f.result().token_ids for f in futures] == [[100, 2], [101, 2], [102, 2]]

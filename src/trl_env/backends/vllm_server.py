@@ -404,8 +404,10 @@ def _halves(members: list[T]) -> list[list[T]]:
 
 
 def _unreachable(error: requests.RequestException) -> bool:
-    """The server was not reached (connection refused, unresolvable, connect timeout) or did not answer in time
-    (read timeout), as opposed to a connection dropped mid-answer."""
+    """The server was not reached or did not answer in time, as opposed to a connection dropped mid-answer.
+
+    Not reached: connection refused, unresolvable, connect timeout; not in time: a read timeout.
+    """
     if isinstance(error, requests.Timeout):
         return True
     reason = getattr(error.args[0], "reason", None) if error.args else None

@@ -111,22 +111,24 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
     """
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        trainer: Any = self  # TRL's private internals are patched below: typed loosely on purpose
         func = self.rollout_func
         if not isinstance(func, RolloutFunction):
             raise ConfigError(f"EpisodeGRPOTrainer needs rollout_func=make_rollout_func(...), got {func!r:.80}.")
         if self.accelerator.num_processes > 1:
             raise ConfigError("EpisodeGRPOTrainer runs on one process for now; use GRPOTrainer with history='sampled'.")
-        mode = "train" if self.model.training else "eval"
+        mode = "train" if trainer.model.training else "eval"
         prompts = [x["prompt"] for x in inputs]
         if self.use_vllm and self.state.global_step != self._last_loaded_step:  # as GRPOTrainer._generate does
             self.vllm_generation.sync_weights()
             self._last_loaded_step = self.state.global_step
         rollouts = func.rollouts(prompts, self)
         advantages, rewards_per_func = self._score_episodes(inputs, prompts, rollouts, mode)
-        rows, episode = to_trl_rows(rollouts, mask_truncated=func.mask_truncated)
-        pad = -len(episode) % (self.args.steps_per_generation if mode == "train" else 1)
+        output_rows, episode = to_trl_rows(rollouts, mask_truncated=func.mask_truncated)
+        rows: dict[str, list[Any]] = dict(output_rows)  # type: ignore[arg-type]  # every value is a list
+        pad = -len(episode) % (trainer.args.steps_per_generation if mode == "train" else 1)
         for values in rows.values():  # fully masked copies of the last row
-            values.extend([values[-1]] * pad)  # type: ignore[attr-defined]  # every value is a list
+            values.extend([values[-1]] * pad)
         rows["env_mask"][len(episode) :] = [[0] * len(m) for m in rows["env_mask"][len(episode) :]]
         episode += [-1] * pad
         row_inputs = [dict(inputs[e]) for e in episode]
@@ -136,17 +138,17 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
         generations = "num_generations" if mode == "train" else "num_generations_eval"
         group = getattr(self, generations)
         try:
-            self.rollout_func = lambda _prompts, _trainer: rows
-            self._calculate_rewards = lambda *_args: row_rewards  # TRL's own statistics are replaced below
+            trainer.rollout_func = lambda _prompts, _trainer: rows
+            trainer._calculate_rewards = lambda *_args: row_rewards  # TRL's own statistics are replaced below
             setattr(self, generations, 1)
             output = super()._generate_and_score_completions(row_inputs)
         finally:
             setattr(self, generations, group)
             for k in ("rollout_func", "_calculate_rewards"):
                 self.__dict__.pop(k, None)
-            self.__dict__.update(saved)
+            trainer.__dict__.update(saved)
         output["advantages"] = row_advantages.to(output["advantages"].device)
-        logged = self._logs["advantages"]  # a deque: replace the row advantages TRL just logged
+        logged = trainer._logs["advantages"]  # a deque: replace the row advantages TRL just logged
         kept = min(len(episode), len(logged))  # a bounded deque may hold fewer
         for _ in range(kept):
             logged.pop()
@@ -168,6 +170,7 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
             scored.append(dict(x, env_reward=r.reward, env_ending=r.ending.value, env_turns=len(r.turns)))
         rewards_per_func = self._calculate_rewards(scored, prompts, completions, ids)
         group = self.num_generations if mode == "train" else self.num_generations_eval
+        assert group is not None, "TRL sets num_generations_eval (it defaults to num_generations)"
         advantages, _ = episode_advantages(
             rewards_per_func, self.reward_weights, group, scale_rewards=self.scale_rewards,
             aggregation=self.multi_objective_aggregation)  # fmt: skip

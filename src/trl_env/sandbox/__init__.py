@@ -26,7 +26,7 @@ from enum import Enum
 from typing import IO
 
 from trl_env.errors import SandboxUnavailableError
-from trl_env.sandbox import seccomp
+from trl_env.sandbox.seccomp import program as seccomp_program
 
 PRELOAD = (
     "bisect", "cmath", "collections", "copy", "dataclasses", "datetime", "decimal", "encodings.idna", "fractions",
@@ -160,7 +160,7 @@ class Sandbox:
         root = os.geteuid() == 0
         uid, gid = _nobody() if root and self.drop_privileges else (None, None)
         cpu = max(1, int(self.cpu_seconds))
-        filter_program = seccomp.program()
+        filter_program = seccomp_program()
         fds = [_memfd("main.py", code.encode("utf-8", "replace"))]  # the code reaches the sandbox by fd, no path
         if filter_program is not None:
             fds.append(_memfd("seccomp", filter_program))
@@ -192,7 +192,7 @@ class Sandbox:
         finally:
             for fd in fds:
                 os.close(fd)
-        code = _code_process(info_r, proc.pid, deadline)
+        code_pidfd = _code_process(info_r, proc.pid, deadline)
         status_lines = _StatusLines()
         with os.fdopen(chan_r, "rb") as channel, proc:  # closes the pipes at the end
             assert proc.stdout is not None and proc.stderr is not None
@@ -205,7 +205,7 @@ class Sandbox:
                 # The code is PID 1 of its namespace: killing it ends every process in there. It runs in a session
                 # of its own (--new-session) and --die-with-parent's signal is cleared when it becomes nobody, so
                 # killing bwrap's group alone would leave it running.
-                _kill_code(code)
+                _kill_code(code_pidfd)
                 _kill_group(proc.pid)  # before reaping, so the group id cannot have been reused
                 _, status, usage = os.wait4(proc.pid, 0)
                 proc.returncode = os.waitstatus_to_exitcode(status)
