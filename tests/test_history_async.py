@@ -181,3 +181,52 @@ def test_two_real_async_grpo_steps_in_both_modes_every_request_a_rows_context(vl
         assert split_after_think > 0
     else:
         assert counts["rows"] == counts["pushed"] and all(len(r.rows) == 1 for r in done)
+
+
+@pytest.mark.parametrize("history", ["sampled", "deployed"])
+def test_two_real_grpo_steps_in_both_modes_against_the_vllm_server_every_request_a_rows_context(
+    vllm_history_server, tmp_path, history, monkeypatch
+):
+    """GRPOTrainer's side (``EpisodeGRPOTrainer``): every turn sampled by the REAL vLLM server, behind the recorder."""
+    import trl
+    from helpers import train_grpo
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trl_env import VLLMServerGenerator, make_rollout_func
+    from trl_env.integrations.rows import EpisodeGRPOTrainer
+
+    url, model_dir = vllm_history_server.base_url, vllm_history_server.model_dir
+    tok = thinking_tokenizer(AutoTokenizer.from_pretrained(model_dir))
+    recorder = Recorder()
+    think_end = tok.convert_tokens_to_ids("</think>")
+    gen = VLLMServerGenerator(url, model=model_dir, post=recorder, temperature=1.0,
+                              extra_body={"logit_bias": {str(think_end): THINK_END_BIAS}})  # fmt: skip
+    func = make_rollout_func(FlakyTalkEnv, from_tokenizer(tok), history=history, generator=gen, max_turns=3,
+                             max_new_tokens=8, parse_truncated_turns=True)  # fmt: skip
+    seen = []
+    rollouts = func.rollouts
+    func.rollouts = lambda prompts, trainer: seen.append(rollouts(prompts, trainer)) or seen[-1]
+    monkeypatch.setattr(trl, "GRPOTrainer", EpisodeGRPOTrainer)  # train_grpo builds trl.GRPOTrainer
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    log = train_grpo(tmp_path, model, tok, func, ["1", "2"] * 8, batch=8, max_completion_length=64)
+    assert sum("loss" in h for h in log) == 2
+    episodes = [r for batch in seen for r in batch]
+    contexts = {tuple(row.prompt_ids + row.completion_ids[:k]) for r in episodes for row in r.rows
+                for k in range(len(row.completion_ids) + 1)}  # fmt: skip
+    answered, sent = recorder.answered()
+    assert len(sent) >= 2 * 8 and all(tuple(prompt) in contexts for _, _, prompt in sent)
+    for r in episodes:  # each row's model tokens are the server's answer to the row's context at that turn
+        for row in r.rows:
+            at = 0
+            while at < len(row.completion_ids):
+                if row.env_mask[at]:
+                    outputs = answered[tuple(row.prompt_ids + row.completion_ids[:at])]
+                    ids, logprobs, _ = next(o for o in outputs if row.completion_ids[at : at + len(o[0])] == o[0])
+                    assert row.logprobs[at : at + len(ids)] == pytest.approx(logprobs)
+                    at += len(ids)
+                else:
+                    at += 1
+    if history == "deployed":
+        assert sum(len(r.rows) for r in episodes) > len(episodes)  # the template dropped earlier reasoning
+    else:
+        assert all(len(r.rows) == 1 for r in episodes)
