@@ -135,42 +135,31 @@ def processor_from_args(args: argparse.Namespace, tokenizer: Any) -> Any:
     return processor
 
 
-def _template_kwargs(text: str | None) -> dict[str, Any] | None:
-    """``--template-kwargs`` (a JSON object) as a dict, or ``None``."""
+def _json_object(option: str, text: str, example: str) -> dict[str, Any]:
+    """A command-line option's JSON object; else a ``ConfigError`` naming the option, the value and an example."""
     from trl_env.errors import ConfigError
 
-    if not text:
-        return None
     try:
-        kwargs = json.loads(text)
+        value = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ConfigError(
-            f"--template-kwargs {text!r} is not JSON ({e}); e.g. '{{\"enable_thinking\": false}}'."
-        ) from e
-    if not isinstance(kwargs, dict):
-        raise ConfigError(f"--template-kwargs {text!r}: give a JSON object, e.g. '{{\"enable_thinking\": false}}'.")
-    return kwargs
+        raise ConfigError(f"{option} {text!r} is not JSON ({e}); give an object, e.g. '{example}'.") from e
+    if not isinstance(value, dict):
+        raise ConfigError(f"{option} {text!r}: give a JSON object, e.g. '{example}'.")
+    return value
+
+
+def _template_kwargs(text: str | None) -> dict[str, Any] | None:
+    """``--template-kwargs`` (a JSON object) as a dict, or ``None``."""
+    return _json_object("--template-kwargs", text, '{"enable_thinking": false}') if text else None
 
 
 def _with_kwargs(factory: Any, env_kwargs: str | None) -> Any:
-    """``factory`` called with ``--env-kwargs`` (a JSON object) as keyword arguments."""
+    """``factory`` called with ``--env-kwargs`` (a JSON object of keyword arguments)."""
     import functools
-
-    from trl_env.errors import ConfigError
 
     if not env_kwargs:
         return factory
-    try:
-        kwargs = json.loads(env_kwargs)
-    except json.JSONDecodeError as e:
-        raise ConfigError(
-            f"--env-kwargs {env_kwargs!r} is not JSON ({e}); give an object, e.g. '{{\"size\": 3}}'."
-        ) from e
-    if not isinstance(kwargs, dict):
-        raise ConfigError(
-            f"--env-kwargs {env_kwargs!r}: give a JSON object of keyword arguments, e.g. '{{\"size\": 3}}'."
-        )
-    return functools.partial(factory, **kwargs)
+    return functools.partial(factory, **_json_object("--env-kwargs", env_kwargs, '{"size": 3}'))
 
 
 def _seeds(args: argparse.Namespace) -> list[str]:
