@@ -1,4 +1,7 @@
-"""Two processes (torchrun, CPU/gloo): a failure in process 0's first row ends only its episode; whole-run metrics."""
+"""Two processes (torchrun, CPU/gloo): a failure in process 0's first row ends only its episode; whole-run metrics.
+
+In process, and against two data-parallel vLLM CPU servers (docs/scaling.md's CPU recipe).
+"""
 
 from __future__ import annotations
 
@@ -10,26 +13,28 @@ import sys
 from pathlib import Path
 
 import pytest
+from vllm_server import make_vllm_server_fixture
 
 SCRIPT = Path(__file__).parent / "scripts" / "dist_grpo.py"
+NO_TORCHRUN = shutil.which("torchrun") is None and not Path(sys.executable).with_name("torchrun").exists()
 
 
-@pytest.mark.skipif(
-    shutil.which("torchrun") is None and not Path(sys.executable).with_name("torchrun").exists(), reason="no torchrun"
-)
-def test_two_process_grpo_survives_a_reset_failure_in_process_0_row_0_and_logs_the_whole_runs_error_rate(tmp_path):
+def run_two_processes(tmp_path, *args: str) -> dict:
     out = tmp_path / "log.json"
     torchrun = str(Path(sys.executable).with_name("torchrun"))
     env = dict(os.environ, TRL_EXPERIMENTAL_SILENCE="1", OMP_NUM_THREADS="1")
     done = subprocess.run(
-        [torchrun, "--standalone", "--nproc_per_node", "2", str(SCRIPT), str(out)],
+        [torchrun, "--standalone", "--nproc_per_node", "2", str(SCRIPT), str(out), *args],
         env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    result = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def check_whole_run_metrics(result: dict) -> None:
     assert result["num_processes"] == 2
     steps = [h for h in result["log_history"] if "env/error_env_exception_rate" in h]
     assert len(steps) == 2  # training completed both steps
@@ -37,3 +42,32 @@ def test_two_process_grpo_survives_a_reset_failure_in_process_0_row_0_and_logs_t
         # one failed row out of 8 (4 per process): process 0 alone would say 0.25
         assert h["env/error_env_exception_rate"] == pytest.approx(1 / 8)
         assert h["env/ending_error_rate"] == pytest.approx(1 / 8)
+
+
+@pytest.mark.skipif(NO_TORCHRUN, reason="no torchrun")
+def test_two_process_grpo_survives_a_reset_failure_in_process_0_row_0_and_logs_the_whole_runs_error_rate(tmp_path):
+    check_whole_run_metrics(run_two_processes(tmp_path))
+
+
+vllm_second_server = make_vllm_server_fixture(name="vllm_second_server", scope="module", lora=False)
+
+
+def requests_served(base_url: str) -> float:
+    """Completion requests a vLLM server finished (its Prometheus counter ``vllm:request_success_total``)."""
+    import requests
+
+    lines = requests.get(f"{base_url}/metrics", timeout=10).text.splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("vllm:request_success_total"))
+
+
+@pytest.mark.skipif(NO_TORCHRUN, reason="no torchrun")
+def test_scale_out_recipe_two_processes_against_two_data_parallel_vllm_servers(
+    tmp_path, vllm_server, vllm_second_server
+):
+    """docs/scaling.md's CPU recipe: torchrun, 2 processes, each sampling from the same 2 vLLM servers."""
+    servers = [vllm_server, vllm_second_server]
+    before = [requests_served(s.base_url) for s in servers]
+    result = run_two_processes(tmp_path, vllm_server.model_dir, ",".join(s.base_url for s in servers))
+    served = [requests_served(s.base_url) - b for s, b in zip(servers, before, strict=True)]
+    check_whole_run_metrics(result)
+    assert all(n > 0 for n in served), served  # both servers sampled turns of the run

@@ -1,6 +1,8 @@
 """Two-process GRPO on CPU (gloo) where process 0's first row fails at reset; run with torchrun --nproc_per_node 2.
 
-Writes the trainer's log history (rank 0) to the JSON file named by the first argument.
+Writes the trainer's log history (rank 0) to the JSON file named by the first argument. With a model folder and
+comma-separated vLLM server URLs as the second and third, every process samples from those data-parallel servers
+(docs/scaling.md's CPU recipe); without, each samples in process with the tiny model.
 """
 
 from __future__ import annotations
@@ -39,8 +41,10 @@ def format_reward(completions, **kwargs):
     return [0.0 for _ in completions]
 
 
-def main(out_path: str) -> None:
-    inner = make_rollout_func(Echo, ChatMLProcessor(), max_turns=2, max_new_tokens=6, parse_truncated_turns=True)
+def main(out_path: str, model_dir: str | None = None, servers: str | None = None) -> None:
+    base_url = servers.split(",") if servers else None
+    inner = make_rollout_func(Echo, ChatMLProcessor(), max_turns=2, max_new_tokens=6, parse_truncated_turns=True,
+                              base_url=base_url)  # fmt: skip
     rank = int(os.environ.get("RANK", "0"))
 
     def rollout_func(prompts, trainer):
@@ -49,9 +53,15 @@ def main(out_path: str) -> None:
             prompts[0] = "FAIL"  # this process's first row
         return inner(prompts, trainer)
 
-    tokenizer = build_tiny_tokenizer()
+    if model_dir is None:
+        tokenizer = build_tiny_tokenizer()
+        model = build_tiny_model(tokenizer)
+    else:  # the served model: the trainer's weights are the servers'
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer, model = AutoTokenizer.from_pretrained(model_dir), AutoModelForCausalLM.from_pretrained(model_dir)
     trainer = GRPOTrainer(
-        model=build_tiny_model(tokenizer),
+        model=model,
         processing_class=tokenizer,
         reward_funcs=[env_reward, format_reward],
         rollout_func=rollout_func,
@@ -77,4 +87,4 @@ def main(out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])
