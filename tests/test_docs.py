@@ -71,10 +71,6 @@ def test_readme_links_every_page():
 #   <!-- not run: REASON -->            (needs a GPU, a server, a model download, ...)
 #   <!-- run by tests/FILE.py: ... -->  (executed by another test, e.g. the quick start by tests/test_readme.py)
 # Pages being rewritten by another change carry their marks here until their own markers land.
-MARKED_ELSEWHERE = {
-    ("docs/async.md", 0): "not run: needs a vLLM server with LoRA loading (tests/test_async_grpo.py)",
-    ("docs/history.md", 0): "not run: a fragment (MyEnv, the trainer's args); tests/test_history_grpo.py",
-}
 MARKER = re.compile(r"^<!-- (not run: .+|run by tests/[\w/]+\.py.*) -->$")
 
 
@@ -88,7 +84,7 @@ def python_blocks() -> list[tuple[str, int, str | None, str]]:
                 continue
             end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")
             above = lines[i - 1].strip() if i else ""
-            marker = m.group(1) if (m := MARKER.match(above)) else MARKED_ELSEWHERE.get((name, index))
+            marker = m.group(1) if (m := MARKER.match(above)) else None
             blocks.append((name, index, marker, "\n".join(lines[i + 1 : end]) + "\n"))
             index += 1
     return blocks
