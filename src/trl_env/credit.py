@@ -1,0 +1,302 @@
+"""Credit assignment across the turns of an episode: per-turn advantages for one GRPO group (docs/credit.md).
+
+Pure functions over plain data, not yet wired into the trainers. ``EpisodeCredit.from_rollout`` turns a ``Rollout``
+into what an estimator reads (one reward and one anchor per model turn); a ``CreditEstimator`` maps a group's episodes
+to one advantage per turn (``None`` for a failed episode, which is out of every statistic); ``token_advantages``
+gives every model token of a turn that turn's advantage. ``get_estimator`` picks one by its ``credit=`` name.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from trl_env.errors import ConfigError
+from trl_env.rollout import Ending, Rollout
+
+__all__ = [
+    "CREDIT_ESTIMATORS",
+    "CreditEstimator",
+    "DiscountedReturns",
+    "EpisodeAdvantage",
+    "EpisodeCredit",
+    "GiGPO",
+    "NaivePerTurnIndex",
+    "get_estimator",
+    "token_advantages",
+]
+
+EPS = 1e-8
+"""The epsilon of ``(x - mean) / (std + eps)``, TRL async GRPO's (``group_advantages``)."""
+
+Scale = Literal["group", "none"]
+Advantages = list[list[float] | None]
+
+
+@dataclass(frozen=True)
+class EpisodeCredit:
+    """What a credit estimator reads of one episode: per model turn, the reward it earned and the state it acted on."""
+
+    turn_rewards: list[float]
+    """Per turn: ``env.reward`` after its step minus before it (the rewards sum to the episode's return)."""
+    anchors: list[str]
+    """Per turn: a key for the state the turn acted on (GiGPO groups turns by it); the observation text by default."""
+    failed: bool = False
+    """The episode failed or earned no reward: out of every statistic, and its advantages are ``None``."""
+
+    def __post_init__(self) -> None:
+        if len(self.anchors) != len(self.turn_rewards):
+            raise ConfigError(f"{len(self.turn_rewards)} turn rewards but {len(self.anchors)} anchors: one each.")
+
+    @classmethod
+    def from_rollout(
+        cls,
+        rollout: Rollout,
+        *,
+        initial_reward: float = 0.0,
+        first_observation: str = "",
+        anchors: Sequence[str] | None = None,
+    ) -> EpisodeCredit:
+        """An episode's credit record, read from its turns.
+
+        The turn rewards are differences of consecutive ``Turn.reward`` values, the first against ``initial_reward``
+        (``env.reward`` after reset, where the env sets one). A turn without a step (``reward`` ``None``) earned 0.
+        The anchor of turn k is the observation it acted on: ``turns[k - 1].delta``, and
+        ``first_observation`` for turn 0 (the reset observation: the same for a whole group, which shares a seed).
+        ``anchors`` replaces them with keys the env provides (one per turn). A failed episode (``Ending.ERROR``) or
+        one without a reward (``Rollout.reward`` is ``None``) is ``failed``.
+        """
+        rewards, previous = [], initial_reward
+        for turn in rollout.turns:
+            current = previous if turn.reward is None else turn.reward
+            rewards.append(current - previous)
+            previous = current
+        if anchors is None:
+            anchors = [first_observation] + [t.delta or "" for t in rollout.turns[:-1]]
+        failed = rollout.ending is Ending.ERROR or rollout.reward is None
+        return cls(turn_rewards=rewards, anchors=list(anchors), failed=failed)
+
+    @property
+    def total(self) -> float:
+        """The episode's return: the sum of its turn rewards."""
+        return math.fsum(self.turn_rewards)
+
+
+class CreditEstimator(Protocol):
+    """A group's episodes in, per-turn advantages out: one list per episode, ``None`` for a failed one."""
+
+    def __call__(self, group: Sequence[EpisodeCredit]) -> Advantages:
+        """Per episode of ``group``, one advantage per turn; ``None`` for a failed episode."""
+        ...
+
+
+def returns_to_go(rewards: Sequence[float], gamma: float) -> list[float]:
+    """``G_t = r_t + gamma * G_{t+1}``, one per turn."""
+    out, running = [0.0] * len(rewards), 0.0
+    for t in range(len(rewards) - 1, -1, -1):
+        running = rewards[t] + gamma * running
+        out[t] = running
+    return out
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and population std (ddof=0), as ``numpy.mean`` / ``numpy.std``."""
+    mean = math.fsum(values) / len(values)
+    return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in values) / len(values))
+
+
+def _check(gamma: float, scale_rewards: str) -> None:
+    if not 0.0 <= gamma <= 1.0:
+        raise ConfigError(f"gamma={gamma!r}: it must be in [0, 1].")
+    if scale_rewards not in ("group", "none"):
+        raise ConfigError(f"scale_rewards={scale_rewards!r}: expected 'group' or 'none'.")
+
+
+@dataclass(frozen=True)
+class EpisodeAdvantage:
+    """``credit="episode"``, today's behaviour: every turn gets its episode's group advantage.
+
+    ``(R - mean) / (std + 1e-8)`` over the group's scored episodes, ``R`` the episode's return: TRL async GRPO's rule
+    (``trl_env.integrations.async_grpo.group_advantages``); ``scale_rewards="none"`` gives ``R - mean``.
+    """
+
+    scale_rewards: Scale = "group"
+
+    def __post_init__(self) -> None:
+        _check(1.0, self.scale_rewards)
+
+    def __call__(self, group: Sequence[EpisodeCredit]) -> Advantages:
+        """Per episode, one advantage per turn; ``None`` for a failed episode."""
+        per_episode = self.per_episode(group)
+        return [None if a is None else [a] * len(e.turn_rewards) for e, a in zip(group, per_episode, strict=True)]
+
+    def per_episode(self, group: Sequence[EpisodeCredit]) -> list[float | None]:
+        """One advantage per episode (``None`` for a failed one)."""
+        scored = [e.total for e in group if not e.failed]
+        if not scored:
+            return [None] * len(group)
+        mean, std = _mean_std(scored)
+        scale = std + EPS if self.scale_rewards == "group" else 1.0
+        return [None if e.failed else (e.total - mean) / scale for e in group]
+
+
+@dataclass(frozen=True)
+class DiscountedReturns:
+    """``credit="discounted"``: per-turn discounted returns with a baseline unbiased under policy-controlled length.
+
+    Turn t of episode i gets ``G_{i,t} - b_t``, its discounted return-to-go minus a baseline that no episode's own
+    actions move, so the estimator stays unbiased when the policy decides how many turns an episode lasts.
+
+    ``baseline="turn"`` (default): ``b_t`` is the mean over *all* the group's scored episodes of their return-to-go
+    at turn index t, an episode that already stopped counting 0. ``baseline="episode"``: ``b_t`` is the group mean
+    of the episodes' (discounted) returns, the same for every turn (with only a final reward and ``gamma=1`` this is
+    ``credit="episode"``). Either mean includes episode i itself, as TRL's does, which scales the expected gradient by
+    ``(n - 1) / n`` for every parameter (docs/credit.md has the proof sketch). ``scale_rewards="group"`` then divides
+    the group's advantages by their root mean square over its turns (+1e-8), so they have unit scale; ``"none"``
+    leaves them (the setting the unbiasedness statement is about, as for TRL's own ``scale_rewards``).
+    """
+
+    gamma: float = 1.0
+    baseline: Literal["turn", "episode"] = "turn"
+    scale_rewards: Scale = "group"
+
+    def __post_init__(self) -> None:
+        _check(self.gamma, self.scale_rewards)
+        if self.baseline not in ("turn", "episode"):
+            raise ConfigError(f"baseline={self.baseline!r}: expected 'turn' or 'episode'.")
+
+    def __call__(self, group: Sequence[EpisodeCredit]) -> Advantages:
+        """Per episode, one advantage per turn; ``None`` for a failed episode."""
+        scored = [returns_to_go(e.turn_rewards, self.gamma) for e in group if not e.failed]
+        if not scored:
+            return [None] * len(group)
+        if self.baseline == "turn":
+            longest = max(map(len, scored))
+            base = [math.fsum(g[t] for g in scored if t < len(g)) / len(scored) for t in range(longest)]
+        else:
+            base = [math.fsum(g[0] for g in scored if g) / len(scored)] * max(map(len, scored))
+        centred = [[g[t] - base[t] for t in range(len(g))] for g in scored]
+        return _place(group, _rms_scaled(centred) if self.scale_rewards == "group" else centred)
+
+
+@dataclass(frozen=True)
+class NaivePerTurnIndex:
+    """``credit="per_turn_index"``, MT-GRPO style, **biased** when the policy controls episode length: kept to show it.
+
+    Each turn reward is normalised over the episodes still alive at its turn index (``(r - mean) / (std + 1e-8)``,
+    or ``r - mean`` with ``scale_rewards="none"``), and turn t gets the discounted sum of its episode's normalised
+    rewards from t to its end. The baseline this subtracts, a sum of per-index means, has as many terms as the
+    episode has turns left: its own actions choose it, so the gradient is biased (verl RFC #7244; docs/credit.md).
+    """
+
+    gamma: float = 1.0
+    scale_rewards: Scale = "group"
+
+    def __post_init__(self) -> None:
+        _check(self.gamma, self.scale_rewards)
+
+    def __call__(self, group: Sequence[EpisodeCredit]) -> Advantages:
+        """Per episode, one advantage per turn; ``None`` for a failed episode."""
+        scored = [e.turn_rewards for e in group if not e.failed]
+        stats = []
+        for t in range(max(map(len, scored), default=0)):
+            mean, std = _mean_std([r[t] for r in scored if t < len(r)])
+            stats.append((mean, std + EPS if self.scale_rewards == "group" else 1.0))
+        normalised = [[(x - stats[t][0]) / stats[t][1] for t, x in enumerate(r)] for r in scored]
+        return _place(group, [returns_to_go(n, self.gamma) for n in normalised])
+
+
+@dataclass(frozen=True)
+class GiGPO:
+    """``credit="gigpo"`` (Feng et al., 2025): the episode advantage plus ``weight`` x a step advantage.
+
+    The step advantage compares turns of the group (of any of its episodes, or the same one) that acted on the same
+    anchor state: ``(G - mean) / (std + 1e-8)`` of their discounted returns-to-go ``G`` over that anchor group
+    (``r - mean`` with ``scale_rewards="none"``). A turn whose anchor no other turn shares gets step advantage 0.
+    """
+
+    weight: float = 1.0
+    gamma: float = 0.95
+    scale_rewards: Scale = "group"
+
+    def __post_init__(self) -> None:
+        _check(self.gamma, self.scale_rewards)
+
+    def __call__(self, group: Sequence[EpisodeCredit]) -> Advantages:
+        """Per episode, one advantage per turn; ``None`` for a failed episode."""
+        episode = EpisodeAdvantage(self.scale_rewards).per_episode(group)
+        step, _ = self.step_advantages(group)
+        pairs = zip(episode, step, strict=True)
+        return [None if a is None or s is None else [a + self.weight * x for x in s] for a, s in pairs]
+
+    def step_advantages(self, group: Sequence[EpisodeCredit]) -> tuple[Advantages, int]:
+        """The step advantages alone, and how many anchor groups formed (anchors shared by two turns or more)."""
+        returns = [None if e.failed else returns_to_go(e.turn_rewards, self.gamma) for e in group]
+        members: defaultdict[str, list[tuple[int, int]]] = defaultdict(list)
+        for i, (e, g) in enumerate(zip(group, returns, strict=True)):
+            if g is not None:
+                for t, anchor in enumerate(e.anchors):
+                    members[anchor].append((i, t))
+        out: Advantages = [None if g is None else [0.0] * len(g) for g in returns]
+        formed = 0
+        for cells in members.values():
+            if len(cells) < 2:
+                continue
+            formed += 1
+            values = [returns[i][t] for i, t in cells]  # type: ignore[index]  # scored episodes only
+            mean, std = _mean_std(values)
+            scale = std + EPS if self.scale_rewards == "group" else 1.0
+            for (i, t), v in zip(cells, values, strict=True):
+                out[i][t] = (v - mean) / scale  # type: ignore[index]
+        return out, formed
+
+
+def _rms_scaled(centred: list[list[float]]) -> list[list[float]]:
+    cells = [x for row in centred for x in row]
+    scale = math.sqrt(math.fsum(x * x for x in cells) / len(cells)) + EPS if cells else 1.0
+    return [[x / scale for x in row] for row in centred]
+
+
+def _place(group: Sequence[EpisodeCredit], scored: list[list[float]]) -> Advantages:
+    """The scored episodes' advantages back in the group's order, ``None`` for the failed ones."""
+    it = iter(scored)
+    return [None if e.failed else next(it) for e in group]
+
+
+CREDIT_ESTIMATORS: dict[str, Callable[..., CreditEstimator]] = {
+    "episode": EpisodeAdvantage,
+    "discounted": DiscountedReturns,
+    "per_turn_index": NaivePerTurnIndex,
+    "gigpo": GiGPO,
+}
+"""``credit=`` names and the estimator each builds (keyword arguments go to it)."""
+
+
+def get_estimator(credit: str | CreditEstimator = "episode", **kwargs: float | str) -> CreditEstimator:
+    """The estimator ``credit=`` names (``CREDIT_ESTIMATORS``), built with ``kwargs``; a callable is returned as is."""
+    if callable(credit):
+        if kwargs:
+            raise ConfigError("credit= is an estimator already: pass its options to it, not here.")
+        return credit
+    if credit not in CREDIT_ESTIMATORS:
+        raise ConfigError(f"credit={credit!r}: expected one of {sorted(CREDIT_ESTIMATORS)} or a CreditEstimator.")
+    return CREDIT_ESTIMATORS[credit](**kwargs)
+
+
+def token_advantages(rollout: Rollout, advantages: Sequence[float]) -> list[float]:
+    """One advantage per completion token of a ``history="sampled"`` rollout.
+
+    Each model token of turn k gets ``advantages[k]``, env tokens 0.0 (they are masked out of the loss anyway).
+    """
+    if len(advantages) != len(rollout.turns):
+        raise ConfigError(f"{len(advantages)} advantages for {len(rollout.turns)} turns: one per turn.")
+    out: list[float] = []
+    for turn, a in zip(rollout.turns, advantages, strict=True):
+        out += [a] * turn.num_model_tokens + [0.0] * turn.num_env_tokens
+    if len(out) != len(rollout.completion_ids):
+        raise ConfigError(f"the turns hold {len(out)} tokens, the completion {len(rollout.completion_ids)}: "
+                          "token_advantages needs a history='sampled' rollout.")  # fmt: skip
+    return out

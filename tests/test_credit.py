@@ -1,0 +1,199 @@
+"""Credit estimators (trl_env.credit): hand-computed advantages, and which ones stay unbiased when the policy decides
+how long an episode lasts (an exact policy gradient, by enumeration, against Monte Carlo estimates)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from trl_env import ConfigError, Ending, FinishReason
+from trl_env.credit import (
+    CREDIT_ESTIMATORS,
+    DiscountedReturns,
+    EpisodeAdvantage,
+    EpisodeCredit,
+    GiGPO,
+    NaivePerTurnIndex,
+    get_estimator,
+    token_advantages,
+)
+from trl_env.integrations.async_grpo.rows import group_advantages
+from trl_env.rollout import Rollout, Turn
+
+
+def approx(expected):
+    return [None if e is None else pytest.approx(e, rel=1e-6, abs=1e-9) for e in expected]
+
+
+# e0: 3 turns, return 3; e1: 2 turns, return 1; e2 failed; e3: 1 turn, return 0.
+GROUP = [
+    EpisodeCredit([1.0, 0.0, 2.0], ["s", "a", "b"]),
+    EpisodeCredit([0.0, 1.0], ["s", "a"]),
+    EpisodeCredit([5.0], ["s"], failed=True),
+    EpisodeCredit([0.0], ["s"]),
+]
+
+
+def test_episode_is_trls_group_advantage_on_every_turn():
+    assert EpisodeAdvantage("none")(GROUP) == approx([[5 / 3] * 3, [-1 / 3] * 2, None, [-4 / 3]])
+    std = math.sqrt(14) / 3
+    expected = [[5 / 3 / std] * 3, [-1 / 3 / std] * 2, None, [-4 / 3 / std]]
+    assert EpisodeAdvantage()(GROUP) == [None if e is None else pytest.approx(e, rel=1e-6) for e in expected]
+    for scale in ("group", "none"):
+        trl = group_advantages([None if e.failed else e.total for e in GROUP], scale)  # type: ignore[arg-type]
+        ours = EpisodeAdvantage(scale).per_episode(GROUP)  # type: ignore[arg-type]
+        assert ours == [None if a is None else pytest.approx(a, abs=1e-12) for a in trl]
+
+
+def test_discounted_returns_turn_baseline_counts_finished_episodes_as_zero():
+    # returns-to-go e0 [3, 2, 2], e1 [1, 1], e3 [0]; baseline per turn index over all 3 scored episodes: 4/3, 1, 2/3
+    assert DiscountedReturns(scale_rewards="none")(GROUP) == approx([[5 / 3, 1, 4 / 3], [-1 / 3, 0], None, [-4 / 3]])
+    # gamma 0.5: e0 [1.5, 1, 2], e1 [0.5, 1], e3 [0]; baselines 2/3, 2/3, 2/3
+    half = DiscountedReturns(gamma=0.5, scale_rewards="none")(GROUP)
+    assert half == approx([[5 / 6, 1 / 3, 4 / 3], [-1 / 6, 1 / 3], None, [-2 / 3]])
+    episode = DiscountedReturns(baseline="episode", scale_rewards="none")(GROUP)
+    assert episode == approx([[5 / 3, 2 / 3, 2 / 3], [-1 / 3, -1 / 3], None, [-4 / 3]])
+    # scale_rewards="group": the same, divided by the root mean square over the group's 6 scored turns
+    rms = math.sqrt((25 / 9 + 1 + 16 / 9 + 1 / 9 + 0 + 16 / 9) / 6)
+    scaled = DiscountedReturns()(GROUP)
+    assert scaled == approx([[5 / 3 / rms, 1 / rms, 4 / 3 / rms], [-1 / 3 / rms, 0], None, [-4 / 3 / rms]])
+
+
+def test_discounted_with_only_a_final_reward_and_episode_baseline_is_the_episode_estimator():
+    group = [EpisodeCredit([0.0, 0.0, 1.0], ["s", "a", "b"]), EpisodeCredit([0.0], ["s"]), EpisodeCredit([2.0], ["s"])]
+    assert DiscountedReturns(baseline="episode", scale_rewards="none")(group) == approx(EpisodeAdvantage("none")(group))
+
+
+def test_naive_per_turn_index_normalises_over_the_episodes_alive_at_each_index():
+    # index 0: rewards 1, 0, 0 (mean 1/3); index 1: 0, 1 (mean 1/2); index 2: 2 alone (mean 2)
+    assert NaivePerTurnIndex(scale_rewards="none")(GROUP) == approx(
+        [[1 / 6, -1 / 2, 0], [1 / 6, 1 / 2], None, [-1 / 3]]
+    )
+    s0 = math.sqrt(2) / 3  # std of 1, 0, 0; index 1's is 1/2; index 2's is 0 (one episode): its reward normalises to 0
+    r = math.sqrt(2) / 2
+    expected = [[2 / 3 / s0 - 1, -1, 0], [-1 / 3 / s0 + 1, 1], None, [-1 / 3 / s0]]
+    assert NaivePerTurnIndex()(GROUP) == [None if e is None else pytest.approx(e, rel=1e-6) for e in expected]
+    assert expected[3] == [pytest.approx(-r)]
+
+
+def test_gigpo_adds_a_weighted_step_advantage_over_turns_sharing_an_anchor():
+    # anchor "s": returns-to-go 3, 1, 0 (mean 4/3); "a": 2, 1 (mean 3/2); "b" alone: 0
+    step, formed = GiGPO(gamma=1.0, scale_rewards="none").step_advantages(GROUP)
+    assert formed == 2
+    assert step == approx([[5 / 3, 1 / 2, 0], [-1 / 3, -1 / 2], None, [-4 / 3]])
+    total = GiGPO(weight=0.5, gamma=1.0, scale_rewards="none")(GROUP)
+    assert total == approx([[5 / 3 + 5 / 6, 5 / 3 + 1 / 4, 5 / 3], [-1 / 3 - 1 / 6, -1 / 3 - 1 / 4], None, [-2]])
+    # an anchor repeated inside one episode is an anchor group too; a lone episode's episode advantage is 0
+    step, formed = GiGPO(gamma=1.0, scale_rewards="none").step_advantages([EpisodeCredit([1.0, 1.0], ["x", "x"])])
+    assert (step, formed) == ([[0.5, -0.5]], 1)
+    # scaled: (2 - 3/2) / std 1/2 = 1, x weight 2
+    assert GiGPO(weight=2.0, gamma=1.0)([EpisodeCredit([1.0, 1.0], ["x", "x"])]) == approx([[2.0, -2.0]])
+    # the failed episode's anchor is out of every group: with it the "b" anchor would still be alone
+    assert GiGPO(gamma=1.0).step_advantages([EpisodeCredit([1.0], ["b"]), EpisodeCredit([0.0], ["b"], True)])[1] == 0
+
+
+def test_groups_with_all_equal_rewards_failed_or_empty_episodes():
+    zeros = [EpisodeCredit([0.0, 0.0], ["s", "a"]), EpisodeCredit([0.0], ["s"]), EpisodeCredit([], [])]
+    for name in CREDIT_ESTIMATORS:
+        for scale in ("group", "none"):
+            assert get_estimator(name, scale_rewards=scale)(zeros) == [[0.0, 0.0], [0.0], []], name
+            assert get_estimator(name, scale_rewards=scale)([EpisodeCredit([1.0], ["s"], True)]) == [None], name
+            assert get_estimator(name, scale_rewards=scale)([]) == [], name
+    # equal returns, different timing: the episode advantage is 0, the per-turn ones are not
+    equal = [EpisodeCredit([1.0], ["s"]), EpisodeCredit([0.0, 1.0], ["s", "a"])]
+    assert EpisodeAdvantage()(equal) == [[0.0], [0.0, 0.0]]
+    assert DiscountedReturns(scale_rewards="none")(equal) == approx([[0.0], [0.0, 0.5]])  # baselines 1 and 1/2
+    assert NaivePerTurnIndex(scale_rewards="none")(equal) == approx([[0.5], [-0.5, 0.0]])
+
+
+def test_get_estimator_and_the_protocol():
+    assert get_estimator() == EpisodeAdvantage()
+    assert get_estimator("discounted", gamma=0.9) == DiscountedReturns(gamma=0.9)
+
+    def mine(group):
+        return [None if e.failed else [1.0] * len(e.turn_rewards) for e in group]
+
+    assert get_estimator(mine) is mine
+    with pytest.raises(ConfigError, match="credit='ppo'"):
+        get_estimator("ppo")
+    with pytest.raises(ConfigError, match="gamma"):
+        DiscountedReturns(gamma=1.5)
+    with pytest.raises(ConfigError, match="scale_rewards"):
+        GiGPO(scale_rewards="batch")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="anchors"):
+        EpisodeCredit([1.0], [])
+
+
+def turn(reward, delta, model=2, env=1):
+    return Turn("t", "", "a", delta, reward, FinishReason.STOP, model, env, 0.0, 0.0)
+
+
+def rollout(turns, reward=1.0, ending=Ending.ENV_DONE):
+    n = sum(t.num_model_tokens + t.num_env_tokens for t in turns)
+    return Rollout("seed", [1], list(range(n)), [0.0] * n, [1] * n, tuple(turns), reward, ending)
+
+
+def test_from_rollout_and_token_advantages():
+    done = rollout([turn(0.5, "o1"), turn(None, None), turn(2.0, "o3", env=0)], reward=2.0)
+    credit = EpisodeCredit.from_rollout(done, first_observation="o0")
+    assert credit == EpisodeCredit([0.5, 0.0, 1.5], ["o0", "o1", ""], failed=False)
+    assert EpisodeCredit.from_rollout(done, initial_reward=1.0).turn_rewards == [-0.5, 0.0, 1.5]
+    assert EpisodeCredit.from_rollout(done, anchors=["k0", "k1", "k2"]).anchors == ["k0", "k1", "k2"]
+    assert EpisodeCredit.from_rollout(rollout([turn(1.0, "x")], ending=Ending.ERROR)).failed
+    assert EpisodeCredit.from_rollout(rollout([turn(None, None)], reward=None, ending=Ending.LENGTH)).failed
+    assert token_advantages(done, [1.0, 2.0, 3.0]) == [1.0, 1.0, 0.0, 2.0, 2.0, 0.0, 3.0, 3.0]
+    with pytest.raises(ConfigError, match="one per turn"):
+        token_advantages(done, [1.0])
+
+
+# The unbiasedness demonstration. At turn t (of at most T) the policy continues (reward +1) with probability
+# sigmoid(theta_t), else stops (reward 0, the episode ends). The episode's return is its number of continues, and the
+# policy alone decides its length. The exact gradient of the expected return enumerates the T + 1 trajectories.
+T, N, GROUPS = 4, 8, 4000
+THETA = np.array([1.0, 0.5, 0.0, -0.5])
+P = 1 / (1 + np.exp(-THETA))
+
+
+def exact_gradient() -> np.ndarray:
+    grad = np.zeros(T)
+    for k in range(T + 1):  # k continues, then a stop (k < T) or the turn budget (k = T)
+        probability = np.prod(P[:k]) * (1 - P[k] if k < T else 1.0)
+        score = np.zeros(T)  # d log p(trajectory) / d theta
+        score[:k] = 1 - P[:k]
+        if k < T:
+            score[k] = -P[k]
+        grad += probability * k * score
+    return grad
+
+
+def monte_carlo(estimator) -> tuple[np.ndarray, np.ndarray]:
+    """Mean over groups of (1/N) sum_i sum_t A_it d log pi(a_it) / d theta, x N / (N - 1) (the group mean includes
+    the episode itself: docs/credit.md), and its standard error."""
+    rng = np.random.default_rng(0)
+    cont = rng.random((GROUPS, N, T)) < P
+    continues = np.where(cont.all(axis=2), T, cont.argmin(axis=2))
+    estimates = np.zeros((GROUPS, T))
+    for g in range(GROUPS):
+        ks = continues[g].tolist()
+        group = [EpisodeCredit([1.0] * k + [0.0] * (k < T), [str(t) for t in range(min(k + 1, T))]) for k in ks]
+        for k, advantages in zip(ks, estimator(group), strict=True):
+            for t, a in enumerate(advantages):
+                estimates[g, t] += a * (1 - P[t] if t < k else -P[t])
+    estimates *= 1 / (N - 1)
+    return estimates.mean(axis=0), estimates.std(axis=0) / math.sqrt(GROUPS)
+
+
+def test_only_the_per_turn_index_normalisation_is_biased_when_the_policy_controls_length():
+    exact = exact_gradient()
+    for estimator in (EpisodeAdvantage("none"), DiscountedReturns(scale_rewards="none")):
+        mean, se = monte_carlo(estimator)
+        assert np.all(np.abs(mean - exact) < 4 * se), (estimator, mean, se, exact)
+    mean, se = monte_carlo(DiscountedReturns(baseline="episode", scale_rewards="none"))
+    assert np.all(np.abs(mean - exact) < 4 * se), (mean, se, exact)
+    # the naive estimator is off by far more than its sampling error, and not by a constant factor either
+    mean, se = monte_carlo(NaivePerTurnIndex(scale_rewards="none"))
+    assert np.all(np.abs(mean - exact) > 20 * se), (mean, se, exact)
+    ratio, ratio_se = mean / exact, se / exact
+    assert ratio.max() - ratio.min() > 4 * (ratio_se[ratio.argmax()] + ratio_se[ratio.argmin()]), ratio
