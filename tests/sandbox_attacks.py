@@ -163,9 +163,11 @@ ATTACKS = [
       "if resource.getrlimit(resource.RLIMIT_AS)[1] > 2**32:\n    escaped('raised RLIMIT_AS')"),
     A("close-status-fd", "disable", "import json\nchan = json.loads(sys.argv[1])['channel']\nos.close(chan)\n"
       "try:\n    open('/etc/passwd')\nexcept Exception:\n    pass\nprint('hid it')", hidden_refusal=True),
+    # dup2 fails (EBADF) when the channel's fd number is past RLIMIT_NOFILE (a trainer with many fds open): the
+    # attacker goes on to the refusal either way
     A("replace-status-fd", "disable", "import json\nchan = json.loads(sys.argv[1])['channel']\n"
-      "f = open('/dev/null', 'w')\nos.dup2(f.fileno(), chan)\ntry:\n    open('/etc/passwd')\nexcept Exception:\n"
-      "    pass",
+      "f = open('/dev/null', 'w')\ntry:\n    os.dup2(f.fileno(), chan)\nexcept OSError as e:\n"
+      "    print('could not replace the channel:', e)\ntry:\n    open('/etc/passwd')\nexcept Exception:\n    pass",
       hidden_refusal=True),
     A("flood-status-fd", "disable", "import json\nchan = json.loads(sys.argv[1])['channel']\n"
       "for _ in range(64):\n    os.write(chan, b'end ok ' * 1000)\nos.write(chan, b'partial')\ntry:\n"
@@ -281,7 +283,9 @@ def judge(attack: Attack, hook: bool, result, host: Host) -> Outcome:
     if host.secret_text in text or host.canary in text:
         why.append("the secret reached the output")
     if attack.hidden_refusal and hook and result.status.value != "refused":
-        why.append(f"refusal hidden: status {result.status.value}")
+        why.append(
+            f"refusal hidden: status {result.status.value} (exit {result.exit_code}, stderr {result.stderr[-300:]!r})"
+        )
     if os.path.exists(result.workdir):
         why.append(f"work dir left on the host: {result.workdir}")
     return Outcome(attack.name, attack.category, hook, result.status.value, result.refused, not why, "; ".join(why))
