@@ -164,11 +164,12 @@ def test_deployed_merges_turns_when_the_template_rewrites_nothing(name):
     tokenizer = load_tokenizer(f"pypi:{name}")
     processor = get_processor(name)  # ChatML: nothing rewritten; Qwen 3: nothing for replies without reasoning
     plain = ReplyGenerator(tokenizer, processor, reasoning=lambda k: False)
-    rollouts = batch_rollout(SEEDS, TalkEnv, processor, tokenizer, plain, history="deployed", env_workers=2)
+    # one env worker: requests reach the generator in the same order in both runs (its replies follow that order)
+    rollouts = batch_rollout(SEEDS, TalkEnv, processor, tokenizer, plain, history="deployed", env_workers=1)
     assert [len(r.rows) for r in rollouts] == [1] * 4
     check_rows(rollouts, plain, tokenizer, processor, SEEDS)
     sampled = batch_rollout(SEEDS, TalkEnv, processor, tokenizer, ReplyGenerator(tokenizer, processor,
-                            reasoning=lambda k: False), env_workers=2)  # fmt: skip
+                            reasoning=lambda k: False), env_workers=1)  # fmt: skip
     for s, d in zip(sampled, rollouts, strict=True):
         assert (s.prompt_ids, s.completion_ids, s.env_mask) == (d.prompt_ids, d.completion_ids, d.env_mask)
 

@@ -6,6 +6,7 @@ The fresh venv takes trl-env from the wheel alone; its dependencies come from th
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -17,6 +18,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+CLEAN = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+"""The environment for the fresh venv's processes: nothing may point them at the source tree."""
 TESTED = re.compile(r"Tested with (.+?)(?:;|\.\s|\.$)", re.S)
 """The "Tested with ..." sentence of a page."""
 
@@ -37,9 +40,9 @@ def wheel_venv(tmp_path_factory):
     venv.EnvBuilder(with_pip=False).create(tmp / "v")
     python = tmp / "v" / "bin" / "python"
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", str(wheel)],
-                   check=True, capture_output=True)  # fmt: skip
+                   check=True, capture_output=True, env=CLEAN)  # fmt: skip
     purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
+                             check=True, capture_output=True, text=True, env=CLEAN).stdout.strip()  # fmt: skip
     (Path(purelib) / "test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")  # deps, appended last
     return wheel, python
 
@@ -49,14 +52,14 @@ def test_the_wheel_installs_into_a_fresh_venv_imports_and_runs_its_cli(wheel_ven
     assert wheel.name.startswith(f"trl_env-{project_version()}-")
     code = "import trl_env, trl_env.sandbox, trl_env.integrations.rows; print(trl_env.__file__, trl_env.__version__)"
     where, got = subprocess.run(
-        [python, "-c", code], check=True, capture_output=True, text=True, cwd="/"
+        [python, "-c", code], check=True, capture_output=True, text=True, cwd="/", env=CLEAN
     ).stdout.split()
     assert str(python.parent.parent) in where and str(ROOT) not in where  # the wheel's copy, not the checkout
     assert got == project_version()
-    child = subprocess.run([python.parent / "trl-env", "--help"], capture_output=True, text=True, cwd="/")
+    child = subprocess.run([python.parent / "trl-env", "--help"], capture_output=True, text=True, cwd="/", env=CLEAN)
     assert child.returncode == 0 and "eval" in child.stdout
     files = subprocess.run([python, "-c", "import importlib.metadata as m; print(*m.files('trl-env'))"],
-                           check=True, capture_output=True, text=True).stdout  # fmt: skip
+                           check=True, capture_output=True, text=True, env=CLEAN).stdout  # fmt: skip
     assert "trl_env/sandbox/child.py" in files and "trl_env/py.typed" in files and "tests/" not in files
 
 
