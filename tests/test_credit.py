@@ -16,11 +16,12 @@ from trl_env.credit import (
     EpisodeCredit,
     GiGPO,
     NaivePerTurnIndex,
+    credit_metrics,
     get_estimator,
     token_advantages,
 )
 from trl_env.integrations.async_grpo.rows import group_advantages
-from trl_env.rollout import Rollout, Turn
+from trl_env.rollout import Rollout, Row, Turn
 
 
 def approx(expected):
@@ -126,26 +127,69 @@ def test_get_estimator_and_the_protocol():
         EpisodeCredit([1.0], [])
 
 
-def turn(reward, delta, model=2, env=1):
-    return Turn("t", "", "a", delta, reward, FinishReason.STOP, model, env, 0.0, 0.0)
+def turn(reward, delta, model=2, env=1, anchor=None):
+    return Turn("t", "", "a", delta, reward, FinishReason.STOP, model, env, 0.0, 0.0, anchor=anchor)
 
 
-def rollout(turns, reward=1.0, ending=Ending.ENV_DONE):
+def rollout(turns, reward=1.0, ending=Ending.ENV_DONE, rows=None):
     n = sum(t.num_model_tokens + t.num_env_tokens for t in turns)
-    return Rollout("seed", [1], list(range(n)), [0.0] * n, [1] * n, tuple(turns), reward, ending)
+    return Rollout("seed", [1], list(range(n)), [0.0] * n, [1] * n, tuple(turns), reward, ending, rows=rows or ())
 
 
-def test_from_rollout_and_token_advantages():
+def test_from_rollout_turn_rewards_sum_to_the_episode_total_and_anchors_are_states():
     done = rollout([turn(0.5, "o1"), turn(None, None), turn(2.0, "o3", env=0)], reward=2.0)
-    credit = EpisodeCredit.from_rollout(done, first_observation="o0")
-    assert credit == EpisodeCredit([0.5, 0.0, 1.5], ["o0", "o1", ""], failed=False)
-    assert EpisodeCredit.from_rollout(done, initial_reward=1.0).turn_rewards == [-0.5, 0.0, 1.5]
+    credit = EpisodeCredit.from_rollout(done)
+    first = f"prompt:{hash((1,)):x}"  # turn 0 acted on the first prompt (the same for the whole group)
+    assert credit == EpisodeCredit([0.5, 0.0, 1.5], [first, "o1", ""], failed=False)
+    # a reward set at reset or settled by truncate (the total differs from the steps' sum) is earned by the last turn
+    assert EpisodeCredit.from_rollout(done, total=3.0).turn_rewards == [0.5, 0.0, 2.5]
+    # other reward functions: env changes weighted, the rest of the weighted total at the end
+    assert EpisodeCredit.from_rollout(done, total=0.25, env_weight=0.5).turn_rewards == [0.25, 0.0, 0.0]
+    assert EpisodeCredit.from_rollout(done, total=1.0, env_weight=0.0).turn_rewards == [0.0, 0.0, 1.0]
+    # a turn cut before its step (reward None) after reset set a reward: all of it on that turn
+    cut = rollout([turn(None, None, env=0)], reward=-0.25, ending=Ending.LENGTH)
+    assert EpisodeCredit.from_rollout(cut).turn_rewards == [-0.25]
+    # the env's own state keys win over observation texts
+    keyed = rollout([turn(1.0, "o1", anchor="cell 0"), turn(1.0, "o2")], reward=2.0)
+    assert EpisodeCredit.from_rollout(keyed).anchors == ["cell 0", "o1"]
     assert EpisodeCredit.from_rollout(done, anchors=["k0", "k1", "k2"]).anchors == ["k0", "k1", "k2"]
     assert EpisodeCredit.from_rollout(rollout([turn(1.0, "x")], ending=Ending.ERROR)).failed
     assert EpisodeCredit.from_rollout(rollout([turn(None, None)], reward=None, ending=Ending.LENGTH)).failed
-    assert token_advantages(done, [1.0, 2.0, 3.0]) == [1.0, 1.0, 0.0, 2.0, 2.0, 0.0, 3.0, 3.0]
+    assert EpisodeCredit.from_rollout(done, total=float("nan")).failed
+    assert EpisodeCredit.from_rollout(rollout([], reward=None)).failed
+
+
+def test_token_advantages_give_each_model_token_its_turns_advantage_row_by_row():
+    done = rollout([turn(0.5, "o1"), turn(None, None), turn(2.0, "o3", env=0)], reward=2.0)
+    assert token_advantages(done, [1.0, 2.0, 3.0]) == [[1.0, 1.0, 0.0, 2.0, 2.0, 0.0, 3.0, 3.0]]
+    assert token_advantages(done, None) == [[0.0] * 8]
     with pytest.raises(ConfigError, match="one per turn"):
         token_advantages(done, [1.0])
+    # history="deployed": two rows, turns 0-1 in the first (2+1 and 2+0 tokens), turn 2 alone in the second
+    t = [turn(0.5, "o1"), turn(1.0, "o2", env=0), turn(2.0, "o3", env=0)]
+    rows = (Row([1], [5, 6, 7, 8, 9], [0.0] * 5, [1, 1, 0, 1, 1], 2), Row([1, 2], [10, 11], [0.0] * 2, [1, 1], 1))
+    deployed = rollout(t, reward=2.0, rows=rows)
+    assert token_advantages(deployed, [1.0, -1.0, 3.0]) == [[1.0, 1.0, 0.0, -1.0, -1.0], [3.0, 3.0]]
+    bad = rollout(t, reward=2.0, rows=(Row([1], [5], [0.0], [1], 3),))
+    with pytest.raises(ConfigError, match="tokens"):
+        token_advantages(bad, [1.0, 2.0, 3.0])
+
+
+def test_credit_metrics_count_anchor_groups_flips_and_per_turn_means():
+    group = [
+        EpisodeCredit([0.0, 1.0], ["s", "a"]),  # return 1
+        EpisodeCredit([0.0, 0.0], ["s", "a"]),  # return 0
+        EpisodeCredit([0.0], ["s"], failed=True),  # out of every statistic
+    ]
+    advantages = [[-0.5, 1.0], [0.5, -1.0], None]
+    metrics = credit_metrics([group], [advantages])
+    assert metrics["credit/scored_turns"] == 4
+    assert metrics["credit/anchor_groups"] == 2  # "s" and "a", each reached by both scored episodes
+    assert metrics["credit/anchored_turn_frac"] == 1.0
+    assert metrics["credit/flip_frac"] == 0.5  # turn 0 of each episode has the other sign than its episode
+    assert metrics["credit/turn0/advantage_mean"] == 0.0
+    assert metrics["credit/advantage_abs_mean"] == 0.75
+    assert credit_metrics([group[2:]], [[None]]) == {"credit/scored_turns": 0.0}
 
 
 # The unbiasedness demonstration. At turn t (of at most T) the policy continues (reward +1) with probability

@@ -407,3 +407,24 @@ def test_each_turn_records_the_policy_that_sampled_it(tokenizer):
     [r] = batch_rollout([seed_of(3, ["a"])], ScriptedEnv, ChatMLProcessor(), tokenizer, gen,
                         budgets=Budgets(max_turns=3, max_new_tokens=4), parse_truncated_turns=True)  # fmt: skip
     assert [t.policy for t in r.turns] == ["v0", "v1", "v2"]
+
+
+def test_each_turn_records_the_state_key_the_env_named_before_it_acted(tokenizer):
+    """``env.info["anchor"]`` after reset or a step: the state the next turn acts on (GiGPO's anchor)."""
+
+    class Anchored(InfoEnv):
+        def reset(self, seed):
+            env, delta = super().reset(seed)
+            self.info = {"anchor": "cell 0"} if seed == "a" else {}
+            return env, delta
+
+        def step(self, action):
+            env, delta = super().step(action)
+            self.info = {"anchor": f"cell {self.moves}"} if self.moves == 1 else {"moves": self.moves}
+            return env, delta
+
+    budgets = Budgets(max_turns=4, max_new_tokens=4, max_completion_tokens=64)
+    rollouts = batch_rollout(["a", "b"], Anchored, ChatMLProcessor(), tokenizer, scripted(tokenizer, p_stop=1.0),
+                             budgets=budgets)  # fmt: skip
+    assert [t.anchor for t in rollouts[0].turns] == ["cell 0", "cell 1"]
+    assert [t.anchor for t in rollouts[1].turns] == [None, "cell 1"]

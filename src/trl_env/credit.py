@@ -1,9 +1,10 @@
 """Credit assignment across the turns of an episode: per-turn advantages for one GRPO group (docs/credit.md).
 
-Pure functions over plain data, not yet wired into the trainers. ``EpisodeCredit.from_rollout`` turns a ``Rollout``
-into what an estimator reads (one reward and one anchor per model turn); a ``CreditEstimator`` maps a group's episodes
-to one advantage per turn (``None`` for a failed episode, which is out of every statistic); ``token_advantages``
-gives every model token of a turn that turn's advantage. ``get_estimator`` picks one by its ``credit=`` name.
+Pure functions over plain data; ``credit=`` on ``make_rollout_func`` (trained with ``EpisodeGRPOTrainer``) and on the
+async worker delivers them. ``EpisodeCredit.from_rollout`` turns a ``Rollout`` into what an estimator reads (one reward
+and one anchor per model turn); a ``CreditEstimator`` maps a group's episodes to one advantage per turn (``None`` for
+a failed episode, which is out of every statistic); ``token_advantages`` gives every model token of a turn that turn's
+advantage, row by row; ``credit_metrics`` summarises them. ``get_estimator`` picks one by its ``credit=`` name.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from trl_env.errors import ConfigError
-from trl_env.rollout import Ending, Rollout
+from trl_env.rollout import Ending, Rollout, Row
 
 __all__ = [
     "CREDIT_ESTIMATORS",
@@ -25,6 +26,7 @@ __all__ = [
     "EpisodeCredit",
     "GiGPO",
     "NaivePerTurnIndex",
+    "credit_metrics",
     "get_estimator",
     "token_advantages",
 ]
@@ -33,6 +35,13 @@ EPS = 1e-8
 """The epsilon of ``(x - mean) / (std + eps)``, TRL async GRPO's (``group_advantages``)."""
 
 Scale = Literal["group", "none"]
+
+
+class _Unset:
+    """The default of ``EpisodeCredit.from_rollout``'s ``total``: the rollout's own reward."""
+
+
+_UNSET = _Unset()
 Advantages = list[list[float] | None]
 
 
@@ -56,27 +65,36 @@ class EpisodeCredit:
         cls,
         rollout: Rollout,
         *,
-        initial_reward: float = 0.0,
-        first_observation: str = "",
+        total: float | None | _Unset = _UNSET,
+        env_weight: float = 1.0,
         anchors: Sequence[str] | None = None,
     ) -> EpisodeCredit:
         """An episode's credit record, read from its turns.
 
-        The turn rewards are differences of consecutive ``Turn.reward`` values, the first against ``initial_reward``
-        (``env.reward`` after reset, where the env sets one). A turn without a step (``reward`` ``None``) earned 0.
-        The anchor of turn k is the observation it acted on: ``turns[k - 1].delta``, and
-        ``first_observation`` for turn 0 (the reset observation: the same for a whole group, which shares a seed).
-        ``anchors`` replaces them with keys the env provides (one per turn). A failed episode (``Ending.ERROR``) or
-        one without a reward (``Rollout.reward`` is ``None``) is ``failed``.
+        Turn t earned ``env_weight`` x the change of ``env.reward`` over its step (``Turn.reward`` minus the previous
+        turn's, the first against 0; a turn without a step changed nothing). Whatever of ``total`` these do not
+        account for goes to the last turn, so the turn rewards always sum to ``total``: the env's reward set at reset
+        or by ``truncate``, and the scores of reward functions that judge the whole episode, are earned at its end.
+        ``total`` defaults to ``Rollout.reward``; ``None`` (or a NaN) makes the episode ``failed``, as does an
+        ``Ending.ERROR`` or an episode without a turn.
+
+        The anchor of turn t is ``Turn.anchor`` (the env's ``info["anchor"]``) where the env gives one, else the
+        observation it acted on: ``turns[t - 1].delta``, and for turn 0 the episode's first prompt (its token ids,
+        the same for a whole group, which shares a seed). ``anchors`` replaces them (one per turn).
         """
-        rewards, previous = [], initial_reward
+        total = rollout.reward if isinstance(total, _Unset) else total
+        failed = rollout.ending is Ending.ERROR or not rollout.turns or total is None or not math.isfinite(total)
+        rewards, previous = [], 0.0
         for turn in rollout.turns:
             current = previous if turn.reward is None else turn.reward
-            rewards.append(current - previous)
+            rewards.append(env_weight * (current - previous))
             previous = current
+        if rewards and not failed:
+            rewards[-1] += total - math.fsum(rewards)  # type: ignore[operator]  # total is a float when not failed
         if anchors is None:
-            anchors = [first_observation] + [t.delta or "" for t in rollout.turns[:-1]]
-        failed = rollout.ending is Ending.ERROR or rollout.reward is None
+            first = rollout.rows[0].prompt_ids if rollout.rows else rollout.prompt_ids
+            observed = [f"prompt:{hash(tuple(first)):x}"] + [t.delta or "" for t in rollout.turns]
+            anchors = [t.anchor if t.anchor is not None else o for t, o in zip(rollout.turns, observed, strict=False)]
         return cls(turn_rewards=rewards, anchors=list(anchors), failed=failed)
 
     @property
@@ -286,17 +304,76 @@ def get_estimator(credit: str | CreditEstimator = "episode", **kwargs: float | s
     return CREDIT_ESTIMATORS[credit](**kwargs)
 
 
-def token_advantages(rollout: Rollout, advantages: Sequence[float]) -> list[float]:
-    """One advantage per completion token of a ``history="sampled"`` rollout.
+def token_advantages(rollout: Rollout, advantages: Sequence[float] | None) -> list[list[float]]:
+    """One advantage per completion token, for each of the rollout's training rows (``Rollout.rows``).
 
-    Each model token of turn k gets ``advantages[k]``, env tokens 0.0 (they are masked out of the loss anyway).
+    Each model token of turn k gets ``advantages[k]``; env tokens get 0.0 (they are masked out of the loss anyway);
+    ``None`` (a failed episode) gives 0.0 everywhere. With ``history="sampled"`` there is one row, the rollout's own
+    ``completion_ids``; with ``"deployed"`` each row holds ``Row.turns`` consecutive turns.
+
+    Raises:
+        ConfigError: when ``advantages`` has not one value per turn, or the turns do not add up to the rows' tokens.
     """
+    rows = rollout.rows or (Row(rollout.prompt_ids, rollout.completion_ids, rollout.logprobs, rollout.env_mask,
+                                len(rollout.turns)),)  # fmt: skip
+    if advantages is None:
+        return [[0.0] * len(row.completion_ids) for row in rows]
     if len(advantages) != len(rollout.turns):
         raise ConfigError(f"{len(advantages)} advantages for {len(rollout.turns)} turns: one per turn.")
-    out: list[float] = []
-    for turn, a in zip(rollout.turns, advantages, strict=True):
-        out += [a] * turn.num_model_tokens + [0.0] * turn.num_env_tokens
-    if len(out) != len(rollout.completion_ids):
-        raise ConfigError(f"the turns hold {len(out)} tokens, the completion {len(rollout.completion_ids)}: "
-                          "token_advantages needs a history='sampled' rollout.")  # fmt: skip
+    out, first = [], 0
+    for row in rows:
+        tokens: list[float] = []
+        span = slice(first, first + row.turns)
+        for turn, a in zip(rollout.turns[span], advantages[span], strict=True):
+            tokens += [a] * turn.num_model_tokens + [0.0] * turn.num_env_tokens
+        first += row.turns
+        if len(tokens) != len(row.completion_ids):
+            raise ConfigError(f"a row's turns hold {len(tokens)} tokens, its completion {len(row.completion_ids)}.")
+        out.append(tokens)
     return out
+
+
+def credit_metrics(groups: Sequence[Sequence[EpisodeCredit]], advantages: Sequence[Advantages]) -> dict[str, float]:
+    """What the trainers log under ``credit/``: per-turn advantage statistics over the scored episodes' turns.
+
+    ``advantage_mean`` / ``_std`` / ``_abs_mean`` over all scored turns; ``turn{k}/advantage_mean`` for the first
+    ``LOGGED_TURNS`` turn indices; ``flip_frac``: turns whose advantage has the other sign than their episode's
+    ``"episode"`` advantage (how often turn-level credit disagrees with the episode's); ``anchor_groups``: states
+    (anchors) shared by two scored turns or more of one group, summed over groups; ``anchored_turn_frac``: the
+    scored turns in such a state.
+    """
+    cells: list[float] = []
+    per_index: defaultdict[int, list[float]] = defaultdict(list)
+    flips = anchor_groups = anchored = 0
+    for group, advs in zip(groups, advantages, strict=True):
+        episode = EpisodeAdvantage("none").per_episode(group)
+        counts: defaultdict[str, int] = defaultdict(int)
+        for e, a, ep in zip(group, advs, episode, strict=True):
+            if a is None or ep is None:
+                continue
+            for t, (x, anchor) in enumerate(zip(a, e.anchors, strict=True)):
+                cells.append(x)
+                per_index[t].append(x)
+                flips += x * ep < 0
+                counts[anchor] += 1
+        anchor_groups += sum(1 for c in counts.values() if c > 1)
+        anchored += sum(c for c in counts.values() if c > 1)
+    if not cells:
+        return {"credit/scored_turns": 0.0}
+    mean, std = _mean_std(cells)
+    metrics = {
+        "credit/scored_turns": float(len(cells)),
+        "credit/advantage_mean": mean,
+        "credit/advantage_std": std,
+        "credit/advantage_abs_mean": math.fsum(map(abs, cells)) / len(cells),
+        "credit/flip_frac": flips / len(cells),
+        "credit/anchor_groups": float(anchor_groups),
+        "credit/anchored_turn_frac": anchored / len(cells),
+    }
+    for t in sorted(per_index)[:LOGGED_TURNS]:
+        metrics[f"credit/turn{t}/advantage_mean"] = math.fsum(per_index[t]) / len(per_index[t])
+    return metrics
+
+
+LOGGED_TURNS = 8
+"""``credit_metrics`` logs the mean advantage of this many first turn indices."""

@@ -28,7 +28,7 @@ from trl_env.errors import (
     TrlEnvError,
 )
 from trl_env.processors.base import check_processor, stop_token_ids
-from trl_env.rollout.episode import Calls, EnvText, Episode, Opened, Stepped, check_env_timeout
+from trl_env.rollout.episode import Calls, EnvText, Episode, Opened, Stepped, anchor_of, check_env_timeout
 from trl_env.rollout.history import DeployedHistory, History, as_history
 from trl_env.rollout.records import Budgets, Ending, Rollout, Turn
 from trl_env.rollout.workers import Workers, drain
@@ -316,6 +316,7 @@ class _Engine:
 
     def _on_open(self, ep: Episode, opened: Opened) -> bool:
         ep.env, ep.prompt_ids, ep.reward, ep.messages = opened.env, opened.prompt_ids, opened.reward, opened.messages
+        ep.anchor = anchor_of(opened.env_info)
         if opened.env_info is not None:
             ep.info["env"] = opened.env_info
         if not opened.alive:

@@ -405,6 +405,8 @@ class Episode:
     """Finished rows (``history="deployed"``): the current one is ``prompt_ids``, ``completion_ids``, ... ."""
     row_turns: int = 0
     """Model turns in the current row."""
+    anchor: str | None = None
+    """The env's ``info["anchor"]`` after its last reset or step: the state the next turn acts on (``Turn.anchor``)."""
 
     def room(self, budgets: Budgets, extra: int = 0) -> int:
         """Tokens the next model turn may sample once ``extra`` more env tokens are appended."""
@@ -442,8 +444,11 @@ class Episode:
                 parse_status=stepped.parse_status if stepped is not None else None,
                 tool_calls=stepped.tool_calls if stepped is not None else (),
                 policy=self.sampled.policy,
+                anchor=self.anchor,
             )
         )
+        if stepped is not None:
+            self.anchor = anchor_of(stepped.env_info)
         self.completion_ids += env_ids
         self.logprobs += [0.0] * len(env_ids)
         self.env_mask += [0] * len(env_ids)
@@ -499,6 +504,13 @@ class Episode:
             info=self.info,
             rows=(*self.rows, Row(prompt_ids, completion_ids, logprobs, env_mask, self.row_turns)),
         )
+
+
+def anchor_of(info: dict[str, Any] | None) -> str | None:
+    """The state key an env's ``info`` names (``info["anchor"]``, as a string), ``None`` without one."""
+    if not info or info.get("anchor") is None:
+        return None
+    return str(info["anchor"])
 
 
 def check_env_timeout(env_timeout: float | None) -> None:

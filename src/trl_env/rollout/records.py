@@ -78,6 +78,9 @@ class Turn:
     policy: str | None = None
     """The weights that sampled this turn (``Generation.policy``: the served model or LoRA adapter the request
     named), ``None`` where the backend does not say. Turns of one episode can differ across a weight sync."""
+    anchor: str | None = None
+    """The env's key for the state this turn acted on: ``str(env.info["anchor"])`` after the reset or step before
+    it, ``None`` when the env's ``info`` has no ``"anchor"`` (GiGPO then groups turns by observation text)."""
 
 
 @dataclass(frozen=True)
