@@ -6,14 +6,15 @@ import dataclasses
 import functools
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from trl_env.integrations.metrics import log_metrics
 from trl_env.rollout import Rollout
+from trl_env.rollout.records import Row, Turn
 
 if TYPE_CHECKING:
     from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
@@ -74,6 +75,82 @@ def _rollout_sample() -> type[RolloutSample]:
     from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
     return RolloutSample
+
+
+RowVersions = Callable[[Sequence[Turn]], tuple[int, int] | None]
+"""(oldest, newest) policy version among a row's turns (``TrlEnvRolloutWorker._versions``)."""
+
+
+def episode_samples(
+    r: Rollout,
+    advantage: float,
+    reward: float | None,
+    reward_std: float,
+    version: tuple[int, int] | None,
+    group_id: int,
+    row_versions: RowVersions,
+) -> list[RolloutSample]:
+    """The episode's rows (``Rollout.rows``: one with ``history="sampled"``), each with the episode's advantage.
+
+    Empty when a row must not reach the trainer; then the episode is untrainable as a whole (its rows are
+    trained together or not at all). A row's ``model_version`` is the oldest among its own turns.
+    """
+    if version is None or r.info.get("placeholder"):
+        return []
+    rows = r.rows or (Row(r.prompt_ids, r.completion_ids, r.logprobs, r.env_mask, len(r.turns)),)
+    if len(rows) == 1:  # the episode's own lists and versions (history="sampled", or a merged deployed episode)
+        sample = row_sample(rows[0], r.turns, advantage, reward, reward_std, version, group_id, r.seed)
+        return [] if sample is None else [sample]
+    samples, first = [], 0
+    for row in rows:
+        turns = r.turns[first : first + row.turns]
+        first += row.turns
+        row_version = row_versions(turns) or version
+        sample = row_sample(row, turns, advantage, reward, reward_std, row_version, group_id, r.seed)
+        if sample is None:
+            return []
+        samples.append(sample)
+    return samples
+
+
+def row_sample(
+    row: Row,
+    turns: Sequence[Turn],
+    advantage: float,
+    reward: float | None,
+    reward_std: float,
+    version: tuple[int, int],
+    group_id: int,
+    seed: Any,
+) -> RolloutSample | None:
+    """One row as a ``RolloutSample``, or ``None`` when it must not reach the trainer."""
+    if not any(row.env_mask):
+        return None  # no trained token: an empty loss row crashes the trainer (segment_id.max() of nothing)
+    n = len(row.prompt_ids)
+    mask = np.asarray([0] * n + row.env_mask, dtype=np.int64)
+    logprobs = np.asarray([0.0] * n + row.logprobs, dtype=np.float32)
+    if not np.isfinite(logprobs[mask == 1]).all():
+        return None  # a None logprob from the server (parsed as NaN) would make the loss NaN
+    completion = []
+    for turn in turns:
+        completion.append({"role": "assistant", "content": turn.text})
+        if turn.delta:
+            completion.append({"role": "user", "content": turn.delta})
+    return _rollout_sample()(
+        prompt=[{"role": "user", "content": str(seed)}],
+        completion=completion,
+        input_ids=np.asarray(row.prompt_ids + row.completion_ids, dtype=np.int64),
+        completion_mask=mask,
+        old_log_probs=logprobs,
+        advantage=float(advantage),
+        model_version=version[0],
+        group_id=group_id,
+        metrics={
+            "reward": math.nan if reward is None else float(reward),
+            "reward_std": reward_std,
+            "env/turns": float(len(turns)),
+        },
+    )
 
 
 class _MetricsSink:

@@ -31,6 +31,7 @@ from trl_env.integrations.async_grpo.rows import (
     Unscored,
     _env_metrics,
     _rollout_sample,
+    episode_samples,
     group_advantages,
 )
 from trl_env.integrations.grpo import _seed_or_error, _with_system_prompt
@@ -49,7 +50,7 @@ from trl_env.isolation import isolated
 from trl_env.processors.base import Processor, check_processor
 from trl_env.rollout import Ending, History, Rollout, batch_rollout
 from trl_env.rollout.history import DeployedHistory
-from trl_env.rollout.records import Row, Turn
+from trl_env.rollout.records import Turn
 from trl_env.rollout.transcripts import write_transcripts
 
 if TYPE_CHECKING:
@@ -485,8 +486,8 @@ class TrlEnvRolloutWorker:
             if self.mask_truncated and r.truncated:
                 masked += 1
                 continue
-            rows = self._to_samples(r, 0.0 if adv is None else adv, reward, reward_std, version, group_id, fallback,
-                                    newest)  # fmt: skip
+            rows = episode_samples(r, 0.0 if adv is None else adv, reward, reward_std, version, group_id,
+                                   functools.partial(self._versions, fallback=fallback, newest=newest))  # fmt: skip
             if not rows:
                 untrainable += 1
                 continue
@@ -510,79 +511,6 @@ class TrlEnvRolloutWorker:
                                ("truncated_masked", masked)):  # fmt: skip
                 self.counts[key] += value
         return samples, metrics
-
-    def _to_samples(
-        self,
-        r: Rollout,
-        advantage: float,
-        reward: float | None,
-        reward_std: float,
-        version: tuple[int, int] | None,
-        group_id: int,
-        fallback: int,
-        newest: int | None,
-    ) -> list[RolloutSample]:
-        """The episode's rows (``Rollout.rows``: one with ``history="sampled"``), each with the episode's advantage.
-
-        Empty when a row must not reach the trainer; then the episode is untrainable as a whole (its rows are
-        trained together or not at all). A row's ``model_version`` is the oldest among its own turns.
-        """
-        if version is None or r.info.get("placeholder"):
-            return []
-        rows = r.rows or (Row(r.prompt_ids, r.completion_ids, r.logprobs, r.env_mask, len(r.turns)),)
-        if len(rows) == 1:  # the episode's own lists and versions (history="sampled", or a merged deployed episode)
-            sample = self._to_sample(rows[0], r.turns, advantage, reward, reward_std, version, group_id, r.seed)
-            return [] if sample is None else [sample]
-        samples, first = [], 0
-        for row in rows:
-            turns = r.turns[first : first + row.turns]
-            first += row.turns
-            row_version = self._versions(turns, fallback, newest) or version
-            sample = self._to_sample(row, turns, advantage, reward, reward_std, row_version, group_id, r.seed)
-            if sample is None:
-                return []
-            samples.append(sample)
-        return samples
-
-    def _to_sample(
-        self,
-        row: Row,
-        turns: Sequence[Turn],
-        advantage: float,
-        reward: float | None,
-        reward_std: float,
-        version: tuple[int, int],
-        group_id: int,
-        seed: Any,
-    ) -> RolloutSample | None:
-        """One row as a ``RolloutSample``, or ``None`` when it must not reach the trainer."""
-        if not any(row.env_mask):
-            return None  # no trained token: an empty loss row crashes the trainer (segment_id.max() of nothing)
-        n = len(row.prompt_ids)
-        mask = np.asarray([0] * n + row.env_mask, dtype=np.int64)
-        logprobs = np.asarray([0.0] * n + row.logprobs, dtype=np.float32)
-        if not np.isfinite(logprobs[mask == 1]).all():
-            return None  # a None logprob from the server (parsed as NaN) would make the loss NaN
-        completion = []
-        for turn in turns:
-            completion.append({"role": "assistant", "content": turn.text})
-            if turn.delta:
-                completion.append({"role": "user", "content": turn.delta})
-        return _rollout_sample()(
-            prompt=[{"role": "user", "content": str(seed)}],
-            completion=completion,
-            input_ids=np.asarray(row.prompt_ids + row.completion_ids, dtype=np.int64),
-            completion_mask=mask,
-            old_log_probs=logprobs,
-            advantage=float(advantage),
-            model_version=version[0],
-            group_id=group_id,
-            metrics={
-                "reward": math.nan if reward is None else float(reward),
-                "reward_std": reward_std,
-                "env/turns": float(len(turns)),
-            },
-        )
 
     def _push(self, episodes: list[list[RolloutSample]]) -> tuple[int, int, float, int, int]:
         """Put the rows on the buffer, a group's rows together, an episode's rows at once; drop stale episodes.
