@@ -19,6 +19,7 @@ from typing_extensions import Unpack
 from trl_env.backends.base import Generator, as_generator
 from trl_env.backends.vllm_colocate import VLLMColocateGenerator
 from trl_env.backends.vllm_server import VLLMServerGenerator
+from trl_env.credit import CreditEstimator, get_estimator
 from trl_env.env import Env, Seed
 from trl_env.errors import ConfigError, TrlEnvError
 from trl_env.integrations.metrics import log_metrics
@@ -130,6 +131,7 @@ def make_rollout_func(
     engine: EngineOptions | None = None,
     backend: BackendOptions | None = None,
     logging: LoggingOptions | None = None,
+    credit: str | CreditEstimator = "episode",
     **options: Unpack[FlatOptions],
 ) -> Callable[[list[Any], Any], RolloutOutput]:
     """Build ``rollout_func(prompts, trainer)`` for ``GRPOTrainer``.
@@ -157,6 +159,10 @@ def make_rollout_func(
             ``lora_sync`` (a directory: serve the trainer's PEFT adapter from the server(s) at each new step).
         logging: ``LoggingOptions``: ``transcripts`` (a JSONL path), ``transcripts_every``,
             ``check_template_every`` (compare a sample of rollouts with the chat template, warn once).
+        credit: how each turn's advantage is computed (docs/credit.md): ``"episode"`` (default: every token gets
+            its episode's group advantage, TRL's own), ``"discounted"``, ``"gigpo"``, ``"per_turn_index"`` (the
+            biased reference) or a ``trl_env.credit.CreditEstimator``. Any other than ``"episode"`` trains with
+            ``trl_env.integrations.rows.EpisodeGRPOTrainer`` (per-token advantages).
         **options: the same options by their flat names.
 
     Returns:
@@ -172,13 +178,14 @@ def make_rollout_func(
             "fresh env, e.g. `env_factory=MyEnv`, not `MyEnv()`."
         )
     check_processor(processor)
+    get_estimator(credit)  # a bad name fails here, not at the first step
     if system_prompt is not None:
         processor = _with_system_prompt(processor, system_prompt)
     groups = {"limits": limits, "engine": engine, "backend": backend, "logging": logging}
     built = RolloutOptions.build(groups, options)
     if built.engine.env_executor == "process":
         env_factory = isolated(env_factory, pool_size=built.engine.env_workers, memory_mb=built.engine.env_memory_mb)
-    return RolloutFunction(env_factory, processor, built)
+    return RolloutFunction(env_factory, processor, built, credit=credit)
 
 
 def _with_system_prompt(processor: Processor, system_prompt: str) -> Processor:
@@ -196,8 +203,17 @@ def _with_system_prompt(processor: Processor, system_prompt: str) -> Processor:
 class RolloutFunction:
     """``rollout_func(prompts, trainer)``: one ``batch_rollout`` per call, on every process, with TRL's glue."""
 
-    def __init__(self, env_factory: Callable[[], Env], processor: Processor, options: RolloutOptions) -> None:
+    def __init__(
+        self,
+        env_factory: Callable[[], Env],
+        processor: Processor,
+        options: RolloutOptions,
+        *,
+        credit: str | CreditEstimator = "episode",
+    ) -> None:
         self.env_factory, self.processor, self.options = env_factory, processor, options
+        self.credit = credit
+        """``make_rollout_func``'s ``credit=``, read by ``EpisodeGRPOTrainer`` (GRPOTrainer takes only "episode")."""
         self._generators: dict[int, Generator] = {}
         self._template_check: RolloutCheck | None = None
         self.mask_truncated = False
@@ -207,12 +223,18 @@ class RolloutFunction:
         """Run one episode per prompt (a fresh env each) and return TRL's rows, in order.
 
         Raises:
-            ConfigError: with ``history="deployed"`` (several rows per episode): train with ``EpisodeGRPOTrainer``.
+            ConfigError: with ``history="deployed"`` (several rows per episode) or a ``credit`` other than
+                ``"episode"`` (per-token advantages): train with ``EpisodeGRPOTrainer``.
         """
         if self.options.engine.history is History.DEPLOYED:
             raise ConfigError(
                 "history='deployed' gives several training rows per episode, and GRPOTrainer's rollout_func takes one "
                 "row per prompt; train with trl_env.integrations.rows.EpisodeGRPOTrainer (same arguments)."
+            )
+        if self.credit != "episode":
+            raise ConfigError(
+                f"credit={self.credit!r} gives each turn its own advantage, and GRPOTrainer gives one per row; train "
+                "with trl_env.integrations.rows.EpisodeGRPOTrainer (same arguments), or use credit='episode'."
             )
         rollouts = self.rollouts(prompts, trainer)
         return to_trl(rollouts, mask_truncated=self.mask_truncated)

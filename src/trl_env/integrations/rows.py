@@ -15,8 +15,9 @@ import torch
 from trl import GRPOTrainer
 from trl.trainer.utils import nanstd
 
+from trl_env.credit import CreditEstimator, EpisodeCredit, credit_metrics, get_estimator, token_advantages
 from trl_env.errors import ConfigError
-from trl_env.integrations.grpo import RolloutFunction, RolloutOutput
+from trl_env.integrations.grpo import RolloutFunction, RolloutOutput, env_reward
 from trl_env.rollout import Ending, Rollout
 
 __all__ = ["EpisodeGRPOTrainer", "episode_advantages", "to_trl_rows"]
@@ -89,6 +90,12 @@ def episode_advantages(
     return torch.nan_to_num(advantages, nan=0.0), rewards
 
 
+def _mean_on(values: Sequence[float], mask: Sequence[int]) -> float:
+    """The mean of ``values`` where ``mask`` is 1 (0.0 where it is nowhere)."""
+    kept = [v for v, m in zip(values, mask, strict=True) if m]
+    return sum(kept) / len(kept) if kept else 0.0
+
+
 class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
     """``GRPOTrainer`` for episodes of several rows (``history="deployed"``); same arguments, same results otherwise.
 
@@ -108,7 +115,35 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
     ``max_completion_length``; ``luspo`` sums per row. The batch TRL trains on has one entry per row (more than
     ``per_device_train_batch_size`` when episodes split), padded with fully masked rows to a multiple of
     ``steps_per_generation``. One process only for now (rows per process differ).
+
+    With ``make_rollout_func(..., credit=...)`` other than ``"episode"`` (docs/credit.md), step 2 gives each *turn*
+    its advantage and TRL receives them per token, shape (rows, completion length): each model token gets its
+    turn's, env and padding tokens 0. TRL's loss multiplies advantages per token for every loss type, so ``grpo``,
+    ``dapo``, ``dr_grpo``, ``bnpo`` and the others weigh tokens exactly as above. The turn rewards: each turn earns
+    ``w`` x the change of ``env.reward`` over its step, ``w`` the weight of ``env_reward`` among ``reward_funcs``
+    (0 if absent); the rest of the episode's weighted reward (``sum_k w_k R_k``, TRL's) goes to its last turn, so
+    other reward functions, which judge whole episodes, are earned at the end, and the turn rewards always sum to
+    the reward TRL would use. A named estimator takes the trainer's ``scale_rewards`` (``"group"`` or ``"none"``);
+    ``"batch"`` and ``multi_objective_aggregation="normalize_then_sum"`` are refused (they normalise episodes, not
+    turns). Failed episodes get 0 everywhere and stay out of every statistic. Logged under ``credit/``:
+    ``trl_env.credit.credit_metrics``.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        func = self.rollout_func
+        credit = func.credit if isinstance(func, RolloutFunction) else "episode"  # not one: refused at the first step
+        if credit != "episode":
+            if self.multi_objective_aggregation != "sum_then_normalize":
+                raise ConfigError(
+                    f"multi_objective_aggregation={self.multi_objective_aggregation!r} with credit={credit!r}: "
+                    "per-turn credit needs one reward per episode to spread over its turns; use 'sum_then_normalize'."
+                )
+            if self.scale_rewards not in ("group", "none"):
+                raise ConfigError(
+                    f"scale_rewards={self.scale_rewards!r} with credit={credit!r}: the credit estimators normalise "
+                    "within a group; use scale_rewards='group' or 'none'."
+                )
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         trainer: Any = self  # TRL's private internals are patched below: typed loosely on purpose
@@ -124,6 +159,11 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
             self._last_loaded_step = self.state.global_step
         rollouts = func.rollouts(prompts, self)
         advantages, rewards_per_func = self._score_episodes(inputs, prompts, rollouts, mode)
+        generations = "num_generations" if mode == "train" else "num_generations_eval"
+        group = getattr(self, generations)
+        per_token = None
+        if func.credit != "episode":
+            per_token = self._turn_credit(func.credit, rollouts, rewards_per_func, group, mode)
         output_rows, episode = to_trl_rows(rollouts, mask_truncated=func.mask_truncated)
         rows: dict[str, list[Any]] = dict(output_rows)  # type: ignore[arg-type]  # every value is a list
         pad = -len(episode) % (trainer.args.steps_per_generation if mode == "train" else 1)
@@ -134,9 +174,10 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
         row_inputs = [dict(inputs[e]) for e in episode]
         row_advantages = torch.stack([advantages[e] if e >= 0 else advantages.new_zeros(()) for e in episode])
         row_rewards = torch.stack([rewards_per_func[e] if e >= 0 else rewards_per_func[0] * torch.nan for e in episode])
+        if per_token is not None:  # a row's logged advantage: the mean over its model tokens
+            row_advantages = torch.tensor([_mean_on(a, m) for a, m in zip(per_token, rows["env_mask"], strict=False)]
+                                          + [0.0] * pad)  # fmt: skip
         saved = {k: self.__dict__[k] for k in ("rollout_func", "_calculate_rewards") if k in self.__dict__}
-        generations = "num_generations" if mode == "train" else "num_generations_eval"
-        group = getattr(self, generations)
         try:
             trainer.rollout_func = lambda _prompts, _trainer: rows
             trainer._calculate_rewards = lambda *_args: row_rewards  # TRL's own statistics are replaced below
@@ -148,6 +189,11 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
                 self.__dict__.pop(k, None)
             trainer.__dict__.update(saved)
         output["advantages"] = row_advantages.to(output["advantages"].device)
+        if per_token is not None:  # (rows, completion length): each model token its turn's advantage, the rest 0
+            table = torch.zeros(output["completion_ids"].shape, dtype=torch.float32)
+            for i, values in enumerate(per_token):
+                table[i, : len(values)] = torch.tensor(values, dtype=torch.float32)
+            output["advantages"] = table.to(output["advantages"].device)
         logged = trainer._logs["advantages"]  # a deque: replace the row advantages TRL just logged
         kept = min(len(episode), len(logged))  # a bounded deque may hold fewer
         for _ in range(kept):
@@ -175,6 +221,29 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
             rewards_per_func, self.reward_weights, group, scale_rewards=self.scale_rewards,
             aggregation=self.multi_objective_aggregation)  # fmt: skip
         return advantages, rewards_per_func
+
+    def _turn_credit(
+        self,
+        credit: str | CreditEstimator,
+        rollouts: list[Rollout],
+        rewards_per_func: torch.Tensor,
+        group: int,
+        mode: str,
+    ) -> list[list[float]]:
+        """Per-turn advantages of ``credit=``, as one advantage per completion token of each row (in row order)."""
+        estimator = get_estimator(credit, scale_rewards=self.scale_rewards) if isinstance(credit, str) else credit
+        weights = self.reward_weights.to(rewards_per_func.device)
+        totals = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
+        totals[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        env_weight = float(sum(w for f, w in zip(self.reward_funcs, weights.tolist(), strict=True) if f is env_reward))
+        credits = [EpisodeCredit.from_rollout(r, total=t, env_weight=env_weight)
+                   for r, t in zip(rollouts, totals.tolist(), strict=True)]  # fmt: skip
+        groups = [credits[g : g + group] for g in range(0, len(credits), group)]
+        advantages = [estimator(g) for g in groups]
+        for key, value in credit_metrics(groups, advantages).items():
+            self._metrics[mode][key].append(value)
+        flat = [a for g in advantages for a in g]
+        return [row for r, a in zip(rollouts, flat, strict=True) for row in token_advantages(r, a)]
 
     def _log_episode_stats(
         self, mode: str, advantages: torch.Tensor, rewards_per_func: torch.Tensor, group: int
