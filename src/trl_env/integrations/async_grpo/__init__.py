@@ -26,6 +26,9 @@ The rows:
   left out of the statistics and never pushed; it is counted (``rollout/failed_frac``). An episode that did
   not fail but has no reward (the model never acted) is "unscored": like TRL, it gets advantage 0
   (``unscored="zero"``), or it is dropped (``unscored="drop"``); having no trained token, it is never pushed.
+* ``credit=`` other than ``"episode"`` (docs/credit.md): one sample per model turn of each row instead, the row's
+  prefix up to the end of that turn's model tokens, trained on that turn only, with that turn's advantage from the
+  credit estimator (docs/async.md, "Turn-level credit").
 * ``model_version``: the OLDEST policy version among the episode's turns, read from ``Turn.policy``
   (``<lora_name>-v<N>``); without LoRA names, the version that was live when the group's first turn was
   submitted. That makes the trainer's ``staleness = version - model_version <= max_staleness`` check

@@ -1,4 +1,8 @@
-"""The rows a group becomes: TRL async GRPO's advantages, ``RolloutSample``, the group's record, ``env/*`` metrics."""
+"""The rows a group becomes: TRL async GRPO's advantages, ``RolloutSample``, the group's record, its metrics.
+
+``episode_samples``: one sample per training row, the episode's advantage on each (``credit="episode"``).
+``turn_samples``: one sample per model turn, each with its turn's advantage (any other ``credit=``).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from trl_env.credit import CREDIT_ESTIMATORS, CreditEstimator, EpisodeCredit, credit_metrics, get_estimator
+from trl_env.errors import ConfigError
 from trl_env.integrations.metrics import log_metrics
 from trl_env.rollout import Rollout
 from trl_env.rollout.records import Row, Turn
@@ -56,8 +62,8 @@ class GroupRecord:
     """Per episode: (oldest, newest) policy version among its turns; ``None`` for an episode without a turn."""
     endings: tuple[str, ...]
     pushed: int
-    """Its episodes pushed (their rows put on the buffer: one each with ``history="sampled"``, one per row with
-    ``"deployed"``)."""
+    """Its episodes pushed (their samples put on the buffer: one each with ``history="sampled"``, one per row with
+    ``"deployed"``, one per model turn with a ``credit=`` other than ``"episode"``)."""
     dropped_stale: int
     """Its episodes dropped as stale when it ended."""
     complete: bool
@@ -151,6 +157,142 @@ def row_sample(
             "env/turns": float(len(turns)),
         },
     )
+
+
+def _trainable(row: Row) -> bool:
+    """``row_sample``'s rule: a row reaches the trainer only with a trained token and finite logprobs at them all."""
+    mask = np.asarray(row.env_mask, dtype=np.int64)
+    return bool(mask.any()) and bool(np.isfinite(np.asarray(row.logprobs, dtype=np.float32)[mask == 1]).all())
+
+
+def credit_estimator(credit: str | CreditEstimator, scale_rewards: ScaleRewards) -> CreditEstimator | None:
+    """The worker's estimator for ``credit=``: ``None`` for ``"episode"`` (one sample per row, as always).
+
+    A ``CREDIT_ESTIMATORS`` name is built with the worker's ``scale_rewards``; a ``CreditEstimator`` is used as is.
+
+    Raises:
+        ConfigError: for anything else.
+    """
+    if credit == "episode":
+        return None
+    if (isinstance(credit, str) and credit in CREDIT_ESTIMATORS) or (callable(credit) and not isinstance(credit, type)):
+        return get_estimator(credit, scale_rewards=scale_rewards) if isinstance(credit, str) else credit
+    raise ConfigError(
+        f"credit={credit!r}: expected one of {sorted(CREDIT_ESTIMATORS)} or a trl_env.credit.CreditEstimator (a "
+        "callable: a group's EpisodeCredits -> one advantage per turn of each, None for a failed one), e.g. "
+        "credit='gigpo' or credit=GiGPO(gamma=0.9); see docs/credit.md."
+    )
+
+
+def turn_samples(
+    r: Rollout,
+    advantages: Sequence[float],
+    reward: float | None,
+    reward_std: float,
+    version: tuple[int, int] | None,
+    group_id: int,
+    row_versions: RowVersions,
+) -> list[RolloutSample]:
+    """One sample per model turn of each of the episode's rows, each with its turn's advantage (``credit=``).
+
+    Turn k of a row is ``prompt_ids + completion_ids[:e]``, ``e`` the end of its model tokens, trained (mask 1, the
+    sampler's logprobs; 0 elsewhere) on those tokens only: every model token is trained exactly once, and a row's
+    samples share its prefix, which TRL's trie packing forwards once when they land in one micro-batch. Each
+    sample of a row has the row's ``model_version`` (the oldest among its turns), so the staleness checks keep or
+    drop a row whole. The episode's ``reward``, ``reward_std`` and ``env/turns`` ride on its last sample only (the
+    trainer averages them over samples). Empty, the episode untrainable, where ``episode_samples`` would be.
+
+    Raises:
+        RuntimeError: when the turns' token counts do not add up to a row's completion (a trl-env bug).
+    """
+    if version is None or r.info.get("placeholder"):
+        return []
+    rows = r.rows or (Row(r.prompt_ids, r.completion_ids, r.logprobs, r.env_mask, len(r.turns)),)
+    samples, first = [], 0
+    for row in rows:
+        turns, row_advantages = r.turns[first : first + row.turns], advantages[first : first + row.turns]
+        first += row.turns
+        row_version = version if len(rows) == 1 else (row_versions(turns) or version)
+        if not _trainable(row):
+            return []
+        before = [0] * len(row.prompt_ids)
+        shown: list[dict[str, str]] = []
+        end = 0
+        for turn, advantage in zip(turns, row_advantages, strict=True):
+            start, end = end, end + turn.num_model_tokens
+            shown.append({"role": "assistant", "content": turn.text})
+            if any(row.env_mask[start:end]):  # a turn of no token has nothing to train
+                samples.append(_rollout_sample()(
+                    prompt=[{"role": "user", "content": str(r.seed)}],
+                    completion=list(shown),
+                    input_ids=np.asarray(row.prompt_ids + row.completion_ids[:end], dtype=np.int64),
+                    completion_mask=np.asarray(before + [0] * start + row.env_mask[start:end], dtype=np.int64),
+                    old_log_probs=np.asarray(before + [0] * start + row.logprobs[start:end], dtype=np.float32),
+                    advantage=float(advantage),
+                    model_version=row_version[0],
+                    group_id=group_id,
+                    metrics={},
+                ))  # fmt: skip
+            if turn.delta:
+                shown.append({"role": "user", "content": turn.delta})
+            end += turn.num_env_tokens
+        if end != len(row.completion_ids):
+            raise RuntimeError(f"a row's {len(turns)} turns hold {end} tokens but its completion has "
+                               f"{len(row.completion_ids)}: the episode's record is inconsistent.")  # fmt: skip
+    if samples:
+        samples[-1].metrics.update({
+            "reward": math.nan if reward is None else float(reward),
+            "reward_std": reward_std,
+            "env/turns": float(len(r.turns)),
+        })  # fmt: skip
+    return samples
+
+
+def estimate(estimator: CreditEstimator, credits: Sequence[EpisodeCredit]) -> list[list[float] | None]:
+    """The estimator's per-turn advantages for one group, checked: one list per episode, one value per turn.
+
+    Raises:
+        ConfigError: naming the numbers, when the estimator (a custom one) gives another shape.
+    """
+    advantages = list(estimator(credits))
+    if len(advantages) != len(credits):
+        raise ConfigError(f"the credit estimator gave advantages for {len(advantages)} episodes of a group of "
+                          f"{len(credits)}: one list per episode (None for a failed one).")  # fmt: skip
+    for e, a in zip(credits, advantages, strict=True):
+        if a is not None and len(a) != len(e.turn_rewards):
+            raise ConfigError(f"the credit estimator gave {len(a)} advantages for {len(e.turn_rewards)} turns: one "
+                              "per turn of each episode (None for a failed one).")  # fmt: skip
+    return advantages
+
+
+CREDIT_RATES = ("credit/advantage_mean", "credit/advantage_abs_mean", "credit/flip_frac", "credit/anchored_turn_frac")
+"""``credit_metrics`` keys the worker logs as (num, den) over turns: pooled over a logging window's groups."""
+
+
+def group_credit_metrics(
+    credits: Sequence[EpisodeCredit], advantages: Sequence[list[float] | None]
+) -> dict[str, float | tuple[float, float]]:
+    """``credit_metrics`` of one group, for the trainer's ``metrics_queue``.
+
+    Means and fractions over turns (``advantage_mean``, ``advantage_abs_mean``, ``flip_frac``,
+    ``anchored_turn_frac``, ``turn{k}/advantage_mean``) as ``(num, den)`` rates, so the trainer pools them over the
+    turns of all the groups in its logging window; ``scored_turns``, ``anchor_groups`` and ``advantage_std`` stay
+    gauges: the trainer logs their mean per group.
+    """
+    metrics = credit_metrics([credits], [list(advantages)])
+    scored = [a for e, a in zip(credits, advantages, strict=True) if a is not None and not e.failed]
+    turns = metrics["credit/scored_turns"]
+    out: dict[str, float | tuple[float, float]] = {}
+    for key, value in metrics.items():
+        if key in CREDIT_RATES:
+            out[key] = (value * turns, turns)
+        elif key.startswith("credit/turn") and key.endswith("/advantage_mean"):
+            k = int(key.removeprefix("credit/turn").split("/")[0])
+            alive = float(sum(len(a) > k for a in scored))
+            out[key] = (value * alive, alive)
+        else:
+            out[key] = value
+    return out
 
 
 class _MetricsSink:

@@ -22,6 +22,7 @@ from typing_extensions import Unpack
 
 from trl_env.backends.base import Generation, GenerationRequest, Generator, GeneratorBase, Sampling, as_generator
 from trl_env.backends.vllm_server import VLLMServerGenerator
+from trl_env.credit import CreditEstimator, EpisodeCredit
 from trl_env.env import Env
 from trl_env.errors import ConfigError, ServerError
 from trl_env.integrations.async_grpo.buffer import _RolloutBuffer
@@ -31,8 +32,12 @@ from trl_env.integrations.async_grpo.rows import (
     Unscored,
     _env_metrics,
     _rollout_sample,
+    credit_estimator,
     episode_samples,
+    estimate,
     group_advantages,
+    group_credit_metrics,
+    turn_samples,
 )
 from trl_env.integrations.grpo import _seed_or_error, _with_system_prompt
 from trl_env.integrations.options import (
@@ -103,6 +108,13 @@ class TrlEnvRolloutWorker:
             ``{lora_name}-v{version}``. ``None`` when the trainer syncs full weights (NCCL or a custom
             ``weight_transfer``): requests then keep the generator's model name.
         scale_rewards: ``"group"`` (TRL async: divide by the group's std + 1e-8) or ``"none"``.
+        credit: each turn's advantage (docs/credit.md). ``"episode"`` (default): every token gets its episode's group
+            advantage, one sample per row (TRL's rule). A ``trl_env.credit.CREDIT_ESTIMATORS`` name (``"discounted"``,
+            ``"gigpo"``, ``"per_turn_index"``, built with ``scale_rewards``) or a ``CreditEstimator``: the episode
+            pushes **one sample per model turn** of each row, the row's prefix up to the end of that turn trained on
+            that turn only, with that turn's advantage (TRL's ``RolloutSample`` holds one advantage; its trie packing
+            forwards the shared prefix once when the samples share a micro-batch). Logs ``credit/*``
+            (``trl_env.credit.credit_metrics`` per group). ``per_device_train_batch_size`` then counts turns.
         unscored: an episode that did not fail but has no reward: ``"zero"`` (TRL async: advantage 0,
             pushed) or ``"drop"``.
         mask_truncated: like TRL's ``mask_truncated_completions``: an episode trl-env reports as truncated
@@ -141,6 +153,7 @@ class TrlEnvRolloutWorker:
         buffer_size: int | None = None,
         lora_name: str | None = LORA_NAME,
         scale_rewards: ScaleRewards = "group",
+        credit: str | CreditEstimator = "episode",
         unscored: Unscored = "zero",
         mask_truncated: bool = False,
         system_prompt: str | None = None,
@@ -169,6 +182,7 @@ class TrlEnvRolloutWorker:
             raise ConfigError(f"scale_rewards={scale_rewards!r}: use 'group' (TRL async's formula) or 'none'.")
         if unscored not in ("zero", "drop"):
             raise ConfigError(f"unscored={unscored!r}: use 'zero' (advantage 0, pushed, as TRL) or 'drop'.")
+        estimator = credit_estimator(credit, scale_rewards)
         if not seeds:
             raise ConfigError("seeds is empty; pass the training dataset's prompts, e.g. `dataset['prompt']`.")
         groups = {"limits": limits, "engine": engine, "logging": logging}
@@ -205,6 +219,8 @@ class TrlEnvRolloutWorker:
         self.num_generations, self.max_staleness = num_generations, max_staleness
         self.max_inflight_groups, self.lora_name = max_inflight_groups, lora_name
         self.scale_rewards, self.unscored, self.mask_truncated = scale_rewards, unscored, mask_truncated
+        self.credit, self.estimator = credit, estimator
+        """``credit=`` and its estimator (``None`` for ``"episode"``: one sample per row, the episode's advantage)."""
         self.options, self.stop_timeout, self.on_group = built, stop_timeout, on_group
         self.budgets = built.limits.budgets(max_completion_length, self.generator.context_limit)
         self._policy_re = re.compile(rf"^{re.escape(lora_name)}-v(\d+)$") if lora_name else None
@@ -221,8 +237,9 @@ class TrlEnvRolloutWorker:
         """Running totals. ``groups`` and ``episodes`` run (stopped ones too); each episode has one fate: ``pushed``
         (its rows put on ``rollout_buffer``, all at once), ``failed``, ``untrainable``, ``truncated_masked``,
         ``dropped_unscored``, ``dropped_stale`` (stale when its group ended) or ``stopped`` (its group was cut short
-        by ``stop()``), so ``episodes`` is their sum. ``rows``: the rows pushed (``pushed`` with
-        ``history="sampled"``; with ``"deployed"`` one per ``Rollout.rows`` row). ``evicted``: pushed rows removed
+        by ``stop()``), so ``episodes`` is their sum. ``rows``: the samples pushed (``pushed`` with
+        ``history="sampled"``; with ``"deployed"`` one per ``Rollout.rows`` row; with a ``credit=`` other than
+        ``"episode"`` one per model turn). ``evicted``: pushed rows removed
         from the buffer as stale at a version sync (``rollout/dropped_stale_total`` is ``dropped_stale + evicted``).
         ``unscored``: episodes without a reward, pushed with advantage 0 or dropped."""
 
@@ -369,8 +386,8 @@ class TrlEnvRolloutWorker:
     def _rows_to_claim(self) -> int:
         """The rows a group is expected to push: ``num_generations`` times the rows per pushed episode so far.
 
-        Exactly ``num_generations`` with ``history="sampled"`` (one row per episode); the claim is settled to the rows
-        the group really made once it is scored.
+        Exactly ``num_generations`` with ``history="sampled"`` and ``credit="episode"`` (one row per episode); the
+        claim is settled to the rows (samples) the group really made once it is scored.
         """
         with self._lock:
             rows, episodes = self.counts.get("rows", 0), self.counts.get("pushed", 0)
@@ -425,7 +442,7 @@ class TrlEnvRolloutWorker:
             "rollout/backpressure_s": waited,
             "rollout/group_s": ended - started,
         })  # fmt: skip
-        if self.options.engine.history is History.DEPLOYED:
+        if self.options.engine.history is History.DEPLOYED or self.estimator is not None:
             metrics["rollout/rows_pushed_total"] = float(rows)
         self._put_metrics(metrics)
         self._put_metrics({k: (v, 1.0) for k, v in _env_metrics(rollouts).items()})
@@ -466,7 +483,9 @@ class TrlEnvRolloutWorker:
     ) -> tuple[list[list[RolloutSample]], dict[str, Any]]:
         """The group's rows to push, per episode, and its metrics.
 
-        Each episode counts once in the advantages (over its scored, non-failed episodes); its rows carry its advantage.
+        Each episode counts once in the advantages (over its scored, non-failed episodes); its rows carry its
+        advantage. With a credit estimator, each of its turns is a sample with the turn's advantage instead (an
+        unscored episode's turns get 0), and the group's ``credit/*`` metrics join the others.
         """
         n = len(rollouts)
         failed = [r.ending is Ending.ERROR for r in rollouts]
@@ -474,8 +493,15 @@ class TrlEnvRolloutWorker:
         advantages = group_advantages(rewards, self.scale_rewards)
         scored = [r for r, a in zip(rewards, advantages, strict=True) if a is not None and r is not None]
         reward_std = float(np.std(scored)) if scored else math.nan
+        per_turn: list[list[float] | None] = [None] * n
+        credit: dict[str, Any] = {}
+        if self.estimator is not None:
+            credits = [EpisodeCredit.from_rollout(r) for r in rollouts]
+            per_turn = estimate(self.estimator, credits)
+            credit = group_credit_metrics(credits, per_turn)
         samples, untrainable, unscored, dropped_unscored, masked = [], 0, 0, 0, 0
-        for r, f, adv, reward, version in zip(rollouts, failed, advantages, rewards, versions, strict=True):
+        for r, f, adv, reward, version, turns_adv in zip(rollouts, failed, advantages, rewards, versions, per_turn,
+                                                          strict=True):  # fmt: skip
             if f:
                 continue
             if adv is None:
@@ -486,8 +512,13 @@ class TrlEnvRolloutWorker:
             if self.mask_truncated and r.truncated:
                 masked += 1
                 continue
-            rows = episode_samples(r, 0.0 if adv is None else adv, reward, reward_std, version, group_id,
-                                   functools.partial(self._versions, fallback=fallback, newest=newest))  # fmt: skip
+            row_versions = functools.partial(self._versions, fallback=fallback, newest=newest)
+            if self.estimator is None:
+                rows = episode_samples(r, 0.0 if adv is None else adv, reward, reward_std, version, group_id,
+                                       row_versions)  # fmt: skip
+            else:
+                turns_adv = [0.0] * len(r.turns) if adv is None or turns_adv is None else turns_adv
+                rows = turn_samples(r, turns_adv, reward, reward_std, version, group_id, row_versions)
             if not rows:
                 untrainable += 1
                 continue
@@ -504,6 +535,7 @@ class TrlEnvRolloutWorker:
             "rollout/reward_std": reward_std,
             "rollout/version_span_mean": (float(sum(spans)), float(len(spans))),
             "rollout/version_span_max": float(max(spans, default=0)),
+            **credit,
         }
         with self._lock:
             for key, value in (("groups", 1), ("episodes", n), ("failed", sum(failed)), ("unscored", unscored),
