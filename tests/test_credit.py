@@ -189,6 +189,7 @@ def test_credit_metrics_count_anchor_groups_flips_and_per_turn_means():
     assert metrics["credit/flip_frac"] == 0.5  # turn 0 of each episode has the other sign than its episode
     assert metrics["credit/turn0/advantage_mean"] == 0.0
     assert metrics["credit/advantage_abs_mean"] == 0.75
+    assert credit_metrics([group, group], [advantages, advantages])["credit/anchor_groups"] == 2  # per group
     assert credit_metrics([group[2:]], [[None]]) == {"credit/scored_turns": 0.0}
 
 

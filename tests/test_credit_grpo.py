@@ -194,3 +194,16 @@ def test_credit_is_refused_where_it_cannot_be_honoured(tmp_path, model, tokenize
                           ({"multi_objective_aggregation": "normalize_then_sum"}, "normalize_then_sum")):  # fmt: skip
         with pytest.raises(ConfigError, match=match):
             run(tmp_path, model, tokenizer, EpisodeGRPOTrainer, func, [env_reward], **config)
+
+
+@pytest.mark.parametrize("loss_type", ["cispo", "sapo", "luspo", "vespo"])
+def test_the_other_loss_types_take_per_token_advantages(tmp_path, model, tokenizer, loss_type):
+    """One real step each on the scripted sampler: a finite loss from the (rows, tokens) table."""
+    processor = ChatMLProcessor()
+    gen = ReplyGenerator(tokenizer, processor, reasoning=lambda k: False)
+    func = make_rollout_func(FlakyTalkEnv, processor, generator=gen, max_turns=3, env_workers=1, credit="gigpo")
+    trainer = run(tmp_path, model, tokenizer, EpisodeGRPOTrainer, func, [env_reward], loss_type=loss_type)
+    (out,) = trainer.recorded
+    assert out["advantages"].shape == out["completion_ids"].shape
+    (loss,) = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert math.isfinite(loss)

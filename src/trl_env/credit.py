@@ -339,8 +339,8 @@ def credit_metrics(groups: Sequence[Sequence[EpisodeCredit]], advantages: Sequen
     ``advantage_mean`` / ``_std`` / ``_abs_mean`` over all scored turns; ``turn{k}/advantage_mean`` for the first
     ``LOGGED_TURNS`` turn indices; ``flip_frac``: turns whose advantage has the other sign than their episode's
     ``"episode"`` advantage (how often turn-level credit disagrees with the episode's); ``anchor_groups``: states
-    (anchors) shared by two scored turns or more of one group, summed over groups; ``anchored_turn_frac``: the
-    scored turns in such a state.
+    (anchors) shared by two scored turns or more of one group, per group (the mean over ``groups``);
+    ``anchored_turn_frac``: the scored turns in such a state.
     """
     cells: list[float] = []
     per_index: defaultdict[int, list[float]] = defaultdict(list)
@@ -367,7 +367,7 @@ def credit_metrics(groups: Sequence[Sequence[EpisodeCredit]], advantages: Sequen
         "credit/advantage_std": std,
         "credit/advantage_abs_mean": math.fsum(map(abs, cells)) / len(cells),
         "credit/flip_frac": flips / len(cells),
-        "credit/anchor_groups": float(anchor_groups),
+        "credit/anchor_groups": anchor_groups / len(groups),
         "credit/anchored_turn_frac": anchored / len(cells),
     }
     for t in sorted(per_index)[:LOGGED_TURNS]:
