@@ -27,6 +27,7 @@ __all__ = [
     "GiGPO",
     "NaivePerTurnIndex",
     "credit_metrics",
+    "estimate",
     "get_estimator",
     "token_advantages",
 ]
@@ -270,6 +271,23 @@ class GiGPO:
             for (i, t), v in zip(cells, values, strict=True):
                 out[i][t] = (v - mean) / scale  # type: ignore[index]
         return out, formed
+
+
+def estimate(estimator: CreditEstimator, credits: Sequence[EpisodeCredit]) -> list[list[float] | None]:
+    """The estimator's per-turn advantages for one group, checked: one list per episode, one value per turn.
+
+    Raises:
+        ConfigError: naming the numbers, when the estimator (a custom one) gives another shape.
+    """
+    advantages = list(estimator(credits))
+    if len(advantages) != len(credits):
+        raise ConfigError(f"the credit estimator gave advantages for {len(advantages)} episodes of a group of "
+                          f"{len(credits)}: one list per episode (None for a failed one).")  # fmt: skip
+    for e, a in zip(credits, advantages, strict=True):
+        if a is not None and len(a) != len(e.turn_rewards):
+            raise ConfigError(f"the credit estimator gave {len(a)} advantages for {len(e.turn_rewards)} turns: one "
+                              "per turn of each episode (None for a failed one).")  # fmt: skip
+    return advantages
 
 
 def _rms_scaled(centred: list[list[float]]) -> list[list[float]]:

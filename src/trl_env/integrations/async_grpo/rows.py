@@ -248,23 +248,6 @@ def turn_samples(
     return samples
 
 
-def estimate(estimator: CreditEstimator, credits: Sequence[EpisodeCredit]) -> list[list[float] | None]:
-    """The estimator's per-turn advantages for one group, checked: one list per episode, one value per turn.
-
-    Raises:
-        ConfigError: naming the numbers, when the estimator (a custom one) gives another shape.
-    """
-    advantages = list(estimator(credits))
-    if len(advantages) != len(credits):
-        raise ConfigError(f"the credit estimator gave advantages for {len(advantages)} episodes of a group of "
-                          f"{len(credits)}: one list per episode (None for a failed one).")  # fmt: skip
-    for e, a in zip(credits, advantages, strict=True):
-        if a is not None and len(a) != len(e.turn_rewards):
-            raise ConfigError(f"the credit estimator gave {len(a)} advantages for {len(e.turn_rewards)} turns: one "
-                              "per turn of each episode (None for a failed one).")  # fmt: skip
-    return advantages
-
-
 CREDIT_RATES = ("credit/advantage_mean", "credit/advantage_abs_mean", "credit/flip_frac", "credit/anchored_turn_frac")
 """``credit_metrics`` keys the worker logs as (num, den) over turns: pooled over a logging window's groups."""
 
