@@ -207,3 +207,16 @@ def test_the_other_loss_types_take_per_token_advantages(tmp_path, model, tokeniz
     assert out["advantages"].shape == out["completion_ids"].shape
     (loss,) = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert math.isfinite(loss)
+
+
+def test_a_custom_estimator_of_the_wrong_shape_is_named(tmp_path, model, tokenizer):
+    processor = ChatMLProcessor()
+    gen = ReplyGenerator(tokenizer, processor, reasoning=lambda k: False)
+
+    def one_per_episode(group):  # a common mistake: one advantage per episode, not per turn
+        return [None if e.failed else [e.total] for e in group]
+
+    func = make_rollout_func(FlakyTalkEnv, processor, generator=gen, max_turns=3, env_workers=1,
+                             credit=one_per_episode)  # fmt: skip
+    with pytest.raises(ConfigError, match=r"gave 1 advantages for \d turns: one per turn"):
+        run(tmp_path, model, tokenizer, EpisodeGRPOTrainer, func, [env_reward])

@@ -15,7 +15,7 @@ import torch
 from trl import GRPOTrainer
 from trl.trainer.utils import nanstd
 
-from trl_env.credit import CreditEstimator, EpisodeCredit, credit_metrics, get_estimator, token_advantages
+from trl_env.credit import CreditEstimator, EpisodeCredit, credit_metrics, estimate, get_estimator, token_advantages
 from trl_env.errors import ConfigError
 from trl_env.integrations.grpo import RolloutFunction, RolloutOutput, env_reward
 from trl_env.rollout import Ending, Rollout
@@ -239,7 +239,7 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
         credits = [EpisodeCredit.from_rollout(r, total=t, env_weight=env_weight)
                    for r, t in zip(rollouts, totals.tolist(), strict=True)]  # fmt: skip
         groups = [credits[g : g + group] for g in range(0, len(credits), group)]
-        advantages = [estimator(g) for g in groups]
+        advantages = [estimate(estimator, g) for g in groups]
         for key, value in credit_metrics(groups, advantages).items():
             self._metrics[mode][key].append(value)
         flat = [a for g in advantages for a in g]
