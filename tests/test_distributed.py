@@ -71,3 +71,32 @@ def test_scale_out_recipe_two_processes_against_two_data_parallel_vllm_servers(
     served = [requests_served(s.base_url) - b for s, b in zip(servers, before, strict=True)]
     check_whole_run_metrics(result)
     assert all(n > 0 for n in served), served  # both servers sampled turns of the run
+
+
+@pytest.mark.skipif(NO_TORCHRUN, reason="no torchrun")
+def test_two_process_turn_credit_uses_each_group_across_both_processes(tmp_path, monkeypatch):
+    """EpisodeGRPOTrainer, credit="discounted", groups of 8 split 4 + 4 over two processes, one failed episode:
+    each process trains on the advantages of the whole group (computed here from both processes' episodes)."""
+    from trl_env.credit import EpisodeCredit, get_estimator
+
+    monkeypatch.setenv("TRL_ENV_TEST_CREDIT", "discounted")
+    result = run_two_processes(tmp_path)
+    assert result["num_processes"] == 2
+    ranks = [json.loads((tmp_path / f"log.json.rank{r}.json").read_text()) for r in (0, 1)]
+    assert len(ranks[0]) == len(ranks[1]) == 2  # two steps each
+    estimator = get_estimator("discounted", scale_rewards="group")
+    for step in zip(*ranks, strict=True):
+        credits = [EpisodeCredit(**c) for rank in step for c in rank["credits"]]
+        assert len(credits) == 8 and sum(c.failed for c in credits) == 1
+        expected = estimator(credits)  # the whole group, both processes' episodes
+        local_only = estimator(credits[:4])  # what process 0 alone would compute
+        assert expected[1:4] != local_only[1:4]
+        for rank, rank_step in enumerate(step):
+            for i, (tokens, row) in enumerate(zip(rank_step["tokens"], rank_step["advantages"], strict=True)):
+                advantages, k = expected[rank * 4 + i], 0
+                for t, (model_tokens, env_tokens) in enumerate(tokens):
+                    want = 0.0 if advantages is None else advantages[t]
+                    assert row[k : k + model_tokens] == pytest.approx([want] * model_tokens, abs=1e-5)
+                    assert not any(row[k + model_tokens : k + model_tokens + env_tokens])
+                    k += model_tokens + env_tokens
+                assert not any(row[k:])

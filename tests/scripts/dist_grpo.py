@@ -3,6 +3,10 @@
 Writes the trainer's log history (rank 0) to the JSON file named by the first argument. With a model folder and
 comma-separated vLLM server URLs as the second and third, every process samples from those data-parallel servers
 (docs/scaling.md's CPU recipe); without, each samples in process with the tiny model.
+
+With ``TRL_ENV_TEST_CREDIT`` set to a ``credit=`` name, it trains with ``EpisodeGRPOTrainer`` and groups of 8 (each
+group split across the two processes), and each process also writes, per step, its episodes' credit records and the
+per-token advantages TRL trained on to ``<first argument>.rank<RANK>.json``.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_env import ChatMLProcessor, env_reward, make_rollout_func
+from trl_env.credit import EpisodeCredit
+from trl_env.integrations.rows import EpisodeGRPOTrainer
 from trl_env.testing import build_tiny_model, build_tiny_tokenizer
 
 
@@ -41,17 +47,51 @@ def format_reward(completions, **kwargs):
     return [0.0 for _ in completions]
 
 
+class Recording(EpisodeGRPOTrainer):
+    """Keeps each step's episodes (as credit records) and the per-token advantages TRL receives."""
+
+    steps: list[dict] = []
+
+    def _generate_and_score_completions(self, inputs):
+        out = super()._generate_and_score_completions(inputs)
+        rollouts = self.rollout_func.last
+        self.steps.append({
+            "credits": [vars(EpisodeCredit.from_rollout(r)) for r in rollouts],
+            "tokens": [[[t.num_model_tokens, t.num_env_tokens] for t in r.turns] for r in rollouts],
+            "advantages": out["advantages"].tolist(),
+        })  # fmt: skip
+        return out
+
+
 def main(out_path: str, model_dir: str | None = None, servers: str | None = None) -> None:
     base_url = servers.split(",") if servers else None
+    credit = os.environ.get("TRL_ENV_TEST_CREDIT", "episode")
     inner = make_rollout_func(Echo, ChatMLProcessor(), max_turns=2, max_new_tokens=6, parse_truncated_turns=True,
-                              base_url=base_url)  # fmt: skip
+                              base_url=base_url, credit=credit)  # fmt: skip
     rank = int(os.environ.get("RANK", "0"))
+    rollouts = inner.rollouts
+
+    def keep(prompts, trainer):
+        inner.last = rollouts(prompts, trainer)
+        return inner.last
+
+    inner.rollouts = keep
 
     def rollout_func(prompts, trainer):
         prompts = list(prompts)
         if rank == 0:
             prompts[0] = "FAIL"  # this process's first row
         return inner(prompts, trainer)
+
+    if credit != "episode":  # EpisodeGRPOTrainer calls the RolloutFunction's rollouts(): the same failure
+
+        def failing(prompts, trainer):
+            prompts = list(prompts)
+            if rank == 0:
+                prompts[0] = "FAIL"
+            return keep(prompts, trainer)
+
+        inner.rollouts, rollout_func = failing, inner
 
     if model_dir is None:
         tokenizer = build_tiny_tokenizer()
@@ -60,7 +100,7 @@ def main(out_path: str, model_dir: str | None = None, servers: str | None = None
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         tokenizer, model = AutoTokenizer.from_pretrained(model_dir), AutoModelForCausalLM.from_pretrained(model_dir)
-    trainer = GRPOTrainer(
+    trainer = (GRPOTrainer if credit == "episode" else Recording)(
         model=model,
         processing_class=tokenizer,
         reward_funcs=[env_reward, format_reward],
@@ -70,7 +110,7 @@ def main(out_path: str, model_dir: str | None = None, servers: str | None = None
             output_dir=tempfile.mkdtemp(),
             max_steps=2,
             per_device_train_batch_size=4,
-            num_generations=4,
+            num_generations=4 if credit == "episode" else 8,
             max_completion_length=32,
             logging_steps=1,
             report_to=[],
@@ -81,6 +121,9 @@ def main(out_path: str, model_dir: str | None = None, servers: str | None = None
         ),
     )
     trainer.train()
+    if credit != "episode":
+        with open(f"{out_path}.rank{rank}.json", "w", encoding="utf-8") as f:
+            json.dump(Recording.steps, f)
     if trainer.accelerator.is_main_process:
         with open(out_path, "w", encoding="utf-8") as f:
             json.dump({"log_history": trainer.state.log_history, "num_processes": trainer.accelerator.num_processes}, f)

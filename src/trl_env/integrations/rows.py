@@ -18,7 +18,7 @@ from trl.trainer.utils import nanstd
 from trl_env.credit import CreditEstimator, EpisodeCredit, credit_metrics, estimate, get_estimator, token_advantages
 from trl_env.errors import ConfigError
 from trl_env.integrations.grpo import RolloutFunction, RolloutOutput, env_reward
-from trl_env.rollout import Ending, Rollout
+from trl_env.rollout import Ending, History, Rollout
 
 __all__ = ["EpisodeGRPOTrainer", "episode_advantages", "to_trl_rows"]
 
@@ -90,6 +90,18 @@ def episode_advantages(
     return torch.nan_to_num(advantages, nan=0.0), rewards
 
 
+def _check_processes(func: RolloutFunction, num_processes: int) -> None:
+    """``history="deployed"`` trains on one process for now (each process's rows differ in number)."""
+    history = func.options.engine.history
+    if num_processes > 1 and history is not History.SAMPLED:
+        name = history.value if isinstance(history, History) else history
+        raise ConfigError(
+            f"EpisodeGRPOTrainer trains history={name!r} on one process for now (each "
+            f"process would hold another number of rows), not {num_processes}; use history='sampled' (any credit=) "
+            "on several processes, or the async worker."
+        )
+
+
 def _mean_on(values: Sequence[float], mask: Sequence[int]) -> float:
     """The mean of ``values`` where ``mask`` is 1 (0.0 where it is nowhere)."""
     kept = [v for v, m in zip(values, mask, strict=True) if m]
@@ -114,7 +126,8 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
     ``sapo`` average per row, so an episode of k rows weighs k times; ``dr_grpo`` divides by rows x
     ``max_completion_length``; ``luspo`` sums per row. The batch TRL trains on has one entry per row (more than
     ``per_device_train_batch_size`` when episodes split), padded with fully masked rows to a multiple of
-    ``steps_per_generation``. One process only for now (rows per process differ).
+    ``steps_per_generation``. ``history="deployed"`` trains on one process for now (rows per process differ);
+    ``"sampled"`` (with any ``credit=``) on several.
 
     With ``make_rollout_func(..., credit=...)`` other than ``"episode"`` (docs/credit.md), step 2 gives each *turn*
     its advantage and TRL receives them per token, shape (rows, completion length): each model token gets its
@@ -133,6 +146,8 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
         super().__init__(*args, **kwargs)
         func = self.rollout_func
         credit = func.credit if isinstance(func, RolloutFunction) else "episode"  # not one: refused at the first step
+        if isinstance(func, RolloutFunction):
+            _check_processes(func, self.accelerator.num_processes)
         if credit != "episode":
             if self.multi_objective_aggregation != "sum_then_normalize":
                 raise ConfigError(
@@ -150,20 +165,21 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
         func = self.rollout_func
         if not isinstance(func, RolloutFunction):
             raise ConfigError(f"EpisodeGRPOTrainer needs rollout_func=make_rollout_func(...), got {func!r:.80}.")
-        if self.accelerator.num_processes > 1:
-            raise ConfigError("EpisodeGRPOTrainer runs on one process for now; use GRPOTrainer with history='sampled'.")
+        _check_processes(func, self.accelerator.num_processes)
         mode = "train" if trainer.model.training else "eval"
         prompts = [x["prompt"] for x in inputs]
         if self.use_vllm and self.state.global_step != self._last_loaded_step:  # as GRPOTrainer._generate does
             self.vllm_generation.sync_weights()
             self._last_loaded_step = self.state.global_step
         rollouts = func.rollouts(prompts, self)
-        advantages, rewards_per_func = self._score_episodes(inputs, prompts, rollouts, mode)
+        advantages, rewards_per_func = self._score_episodes(inputs, prompts, rollouts, mode)  # every process's
+        start = self.accelerator.process_index * len(rollouts)  # this process's episodes, in TRL's gathered order
+        local = slice(start, start + len(rollouts))
         generations = "num_generations" if mode == "train" else "num_generations_eval"
         group = getattr(self, generations)
         per_token = None
         if func.credit != "episode":
-            per_token = self._turn_credit(func.credit, rollouts, rewards_per_func, group, mode)
+            per_token = self._turn_credit(func.credit, rollouts, rewards_per_func, group, mode, local)
         output_rows, episode = to_trl_rows(rollouts, mask_truncated=func.mask_truncated)
         rows: dict[str, list[Any]] = dict(output_rows)  # type: ignore[arg-type]  # every value is a list
         pad = -len(episode) % (trainer.args.steps_per_generation if mode == "train" else 1)
@@ -172,8 +188,10 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
         rows["env_mask"][len(episode) :] = [[0] * len(m) for m in rows["env_mask"][len(episode) :]]
         episode += [-1] * pad
         row_inputs = [dict(inputs[e]) for e in episode]
-        row_advantages = torch.stack([advantages[e] if e >= 0 else advantages.new_zeros(()) for e in episode])
-        row_rewards = torch.stack([rewards_per_func[e] if e >= 0 else rewards_per_func[0] * torch.nan for e in episode])
+        mine, my_rewards = advantages[local], rewards_per_func[local]
+        row_advantages = torch.stack([mine[e] if e >= 0 else mine.new_zeros(()) for e in episode])
+        row_rewards = torch.stack([my_rewards[e] if e >= 0 else my_rewards[0] * torch.nan for e in episode])
+        row_rewards = self.accelerator.gather(row_rewards)  # TRL's _calculate_rewards returns every process's rows
         if per_token is not None:  # a row's logged advantage: the mean over its model tokens
             row_advantages = torch.tensor([_mean_on(a, m) for a, m in zip(per_token, rows["env_mask"], strict=False)]
                                           + [0.0] * pad)  # fmt: skip
@@ -194,11 +212,12 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
             for i, values in enumerate(per_token):
                 table[i, : len(values)] = torch.tensor(values, dtype=torch.float32)
             output["advantages"] = table.to(output["advantages"].device)
-        logged = trainer._logs["advantages"]  # a deque: replace the row advantages TRL just logged
-        kept = min(len(episode), len(logged))  # a bounded deque may hold fewer
+        logged = trainer._logs["advantages"]  # a deque: replace the row advantages TRL just logged (every process's)
+        every = self.accelerator.gather(row_advantages.to(rewards_per_func.device)).tolist()
+        kept = min(len(every), len(logged))  # a bounded deque may hold fewer
         for _ in range(kept):
             logged.pop()
-        logged.extend(row_advantages.tolist()[len(episode) - kept :])
+        logged.extend(every[len(every) - kept :])
         self._log_episode_stats(mode, advantages, rewards_per_func, group)
         return output  # type: ignore[no-any-return]  # trl is untyped
 
@@ -229,20 +248,28 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
         rewards_per_func: torch.Tensor,
         group: int,
         mode: str,
+        local: slice,
     ) -> list[list[float]]:
-        """Per-turn advantages of ``credit=``, as one advantage per completion token of each row (in row order)."""
+        """Per-turn advantages of ``credit=``, as one advantage per completion token of each of this process's rows.
+
+        ``rewards_per_func`` holds every process's episodes (TRL gathers them); so do the groups the estimator sees:
+        the credit records are gathered too, and ``local`` picks this process's episodes out of them.
+        """
+        from accelerate.utils import gather_object  # type: ignore[import-untyped]
+
         estimator = get_estimator(credit, scale_rewards=self.scale_rewards) if isinstance(credit, str) else credit
         weights = self.reward_weights.to(rewards_per_func.device)
         totals = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
         totals[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
         env_weight = float(sum(w for f, w in zip(self.reward_funcs, weights.tolist(), strict=True) if f is env_reward))
-        credits = [EpisodeCredit.from_rollout(r, total=t, env_weight=env_weight)
-                   for r, t in zip(rollouts, totals.tolist(), strict=True)]  # fmt: skip
+        mine = [EpisodeCredit.from_rollout(r, total=t, env_weight=env_weight)
+                for r, t in zip(rollouts, totals[local].tolist(), strict=True)]  # fmt: skip
+        credits = gather_object(mine) if self.accelerator.num_processes > 1 else mine
         groups = [credits[g : g + group] for g in range(0, len(credits), group)]
         advantages = [estimate(estimator, g) for g in groups]
         for key, value in credit_metrics(groups, advantages).items():
             self._metrics[mode][key].append(value)
-        flat = [a for g in advantages for a in g]
+        flat = [a for g in advantages for a in g][local]
         return [row for r, a in zip(rollouts, flat, strict=True) for row in token_advantages(r, a)]
 
     def _log_episode_stats(
