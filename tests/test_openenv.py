@@ -269,8 +269,9 @@ def test_a_schema_that_never_answers_stalls_only_its_own_server_up_to_the_timeou
         [(r.ending, r.info.get("error_kind")) for r in rollouts],
     )
     # 8 episodes on the hung server fail together after one connect_timeout_s (2 s), not one after another (16 s);
-    # the healthy server's resets never wait on them.
-    assert first_s < 5 and len(healthy_reset_s) == 2 and max(healthy_reset_s) < 1.5, report
+    # the healthy server's resets never wait on them. The bound is half the serial time: a loaded 2-core box took
+    # 5.6 s once in a full run beside a benchmark (the episodes' own start-up, not the schema wait).
+    assert first_s < 8 and len(healthy_reset_s) == 2 and max(healthy_reset_s) < 1.5, report
     assert len(failed) == SESSIONS and sum(r.ending is Ending.ENV_DONE for r in rollouts) == 2, report
     for r in failed + again:
         assert r.ending is Ending.ERROR and r.info["error_kind"] == "env_timeout", r.error
