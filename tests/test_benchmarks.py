@@ -4,7 +4,7 @@ Timing targets live in the benchmarks (benchmarks/README.md), never here: these 
 work. bench_scheduling runs against the session's real vLLM server fixture (skipped without .venv-vllm unless
 TRL_ENV_REQUIRE_VLLM=1); bench_scale's --quick mode uses its local stand-in server and bench_turn_cost needs
 no server, so both run everywhere. bench_async starts its own vLLM server with LoRA enabled (it needs the
-trainer's adapter sync), so it needs .venv-vllm too.
+trainer's adapter sync), so it needs .venv-vllm too. bench_credit trains the tiny model in process (no server).
 """
 
 from __future__ import annotations
@@ -55,3 +55,21 @@ def test_bench_async_quick_sync_against_async_trainer(vllm_server, tmp_path):
     """Sync GRPOTrainer + rollout_func against AsyncGRPOTrainer + the trl-env worker (own LoRA server)."""
     text = run_quick("bench_async.py", tmp_path, timeout=420)
     assert "sync" in text and "async" in text, text
+
+
+def test_bench_credit_quick_trains_every_estimator_side_by_side(tmp_path):
+    """Turn-level credit on the text maze: 2 steps per estimator with the tiny model, no server."""
+    env = {**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "bench_credit.py"), "--quick", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, cwd=REPO, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    for credit in ("episode", "discounted", "gigpo", "per_turn_index"):
+        assert f"| `{credit}` |" in proc.stdout, proc.stdout
+    data = json.loads((tmp_path / "credit.json").read_text())
+    assert sorted(r["credit"] for r in data["runs"]) == ["discounted", "episode", "gigpo", "per_turn_index"]
+    assert all(len(r["rewards"]) == 2 and len(r["success"]) == 2 for r in data["runs"])
+    assert len({r["rewards"][0] for r in data["runs"]}) == 1  # same seed: the same first batch under every estimator
+    assert (tmp_path / "credit_curves.png").stat().st_size > 10_000
+    assert "final reward" in (tmp_path / "credit.md").read_text()
