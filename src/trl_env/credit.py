@@ -26,6 +26,7 @@ __all__ = [
     "EpisodeCredit",
     "GiGPO",
     "NaivePerTurnIndex",
+    "credit_estimator",
     "credit_metrics",
     "estimate",
     "get_estimator",
@@ -320,6 +321,25 @@ def get_estimator(credit: str | CreditEstimator = "episode", **kwargs: float | s
     if credit not in CREDIT_ESTIMATORS:
         raise ConfigError(f"credit={credit!r}: expected one of {sorted(CREDIT_ESTIMATORS)} or a CreditEstimator.")
     return CREDIT_ESTIMATORS[credit](**kwargs)
+
+
+def credit_estimator(credit: str | CreditEstimator, scale_rewards: Scale) -> CreditEstimator | None:
+    """The estimator a trainer uses for ``credit=``: ``None`` for ``"episode"`` (one sample per row, as always).
+
+    A ``CREDIT_ESTIMATORS`` name is built with the worker's ``scale_rewards``; a ``CreditEstimator`` is used as is.
+
+    Raises:
+        ConfigError: for anything else.
+    """
+    if credit == "episode":
+        return None
+    if (isinstance(credit, str) and credit in CREDIT_ESTIMATORS) or (callable(credit) and not isinstance(credit, type)):
+        return get_estimator(credit, scale_rewards=scale_rewards) if isinstance(credit, str) else credit
+    raise ConfigError(
+        f"credit={credit!r}: expected one of {sorted(CREDIT_ESTIMATORS)} or a trl_env.credit.CreditEstimator (a "
+        "callable: a group's EpisodeCredits -> one advantage per turn of each, None for a failed one), e.g. "
+        "credit='gigpo' or credit=GiGPO(gamma=0.9); see docs/credit.md."
+    )
 
 
 def token_advantages(rollout: Rollout, advantages: Sequence[float] | None) -> list[list[float]]:

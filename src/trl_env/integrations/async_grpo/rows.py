@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from trl_env.credit import CREDIT_ESTIMATORS, CreditEstimator, EpisodeCredit, credit_metrics, get_estimator
-from trl_env.errors import ConfigError
+from trl_env.credit import EpisodeCredit, credit_metrics
 from trl_env.integrations.metrics import log_metrics
 from trl_env.rollout import Rollout
 from trl_env.rollout.records import Row, Turn
@@ -163,25 +162,6 @@ def _trainable(row: Row) -> bool:
     """``row_sample``'s rule: a row reaches the trainer only with a trained token and finite logprobs at them all."""
     mask = np.asarray(row.env_mask, dtype=np.int64)
     return bool(mask.any()) and bool(np.isfinite(np.asarray(row.logprobs, dtype=np.float32)[mask == 1]).all())
-
-
-def credit_estimator(credit: str | CreditEstimator, scale_rewards: ScaleRewards) -> CreditEstimator | None:
-    """The worker's estimator for ``credit=``: ``None`` for ``"episode"`` (one sample per row, as always).
-
-    A ``CREDIT_ESTIMATORS`` name is built with the worker's ``scale_rewards``; a ``CreditEstimator`` is used as is.
-
-    Raises:
-        ConfigError: for anything else.
-    """
-    if credit == "episode":
-        return None
-    if (isinstance(credit, str) and credit in CREDIT_ESTIMATORS) or (callable(credit) and not isinstance(credit, type)):
-        return get_estimator(credit, scale_rewards=scale_rewards) if isinstance(credit, str) else credit
-    raise ConfigError(
-        f"credit={credit!r}: expected one of {sorted(CREDIT_ESTIMATORS)} or a trl_env.credit.CreditEstimator (a "
-        "callable: a group's EpisodeCredits -> one advantage per turn of each, None for a failed one), e.g. "
-        "credit='gigpo' or credit=GiGPO(gamma=0.9); see docs/credit.md."
-    )
 
 
 def turn_samples(

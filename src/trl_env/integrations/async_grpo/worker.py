@@ -22,7 +22,7 @@ from typing_extensions import Unpack
 
 from trl_env.backends.base import Generation, GenerationRequest, Generator, GeneratorBase, Sampling, as_generator
 from trl_env.backends.vllm_server import VLLMServerGenerator
-from trl_env.credit import CreditEstimator, EpisodeCredit, estimate
+from trl_env.credit import CreditEstimator, EpisodeCredit, credit_estimator, estimate
 from trl_env.env import Env
 from trl_env.errors import ConfigError, ServerError
 from trl_env.integrations.async_grpo.buffer import _RolloutBuffer
@@ -32,7 +32,6 @@ from trl_env.integrations.async_grpo.rows import (
     Unscored,
     _env_metrics,
     _rollout_sample,
-    credit_estimator,
     episode_samples,
     group_advantages,
     group_credit_metrics,
