@@ -11,7 +11,7 @@ from test_history import ReplyGenerator
 from test_history_grpo import FlakyTalkEnv, none_for_short, thinking_tokenizer, turns_reward
 
 from trl_env import ChatMLProcessor, env_reward, make_rollout_func
-from trl_env.credit import DiscountedReturns, EpisodeCredit, get_estimator, token_advantages
+from trl_env.credit import DiscountedReturns, EpisodeCredit, GiGPO, get_estimator, token_advantages
 from trl_env.errors import ConfigError
 from trl_env.integrations.rows import EpisodeGRPOTrainer
 from trl_env.processors import from_tokenizer
@@ -187,6 +187,8 @@ def test_the_loss_trains_each_token_on_its_own_turns_advantage(tmp_path, model, 
 def test_credit_is_refused_where_it_cannot_be_honoured(tmp_path, model, tokenizer):
     with pytest.raises(ConfigError, match="credit='ppo'"):
         make_rollout_func(FlakyTalkEnv, ChatMLProcessor(), credit="ppo")
+    with pytest.raises(ConfigError, match=r"credit=GiGPO\(gamma=0.9\)"):  # the class, not an estimator
+        make_rollout_func(FlakyTalkEnv, ChatMLProcessor(), credit=GiGPO)
     func = make_rollout_func(FlakyTalkEnv, ChatMLProcessor(), credit="gigpo")
     with pytest.raises(ConfigError, match="EpisodeGRPOTrainer"):
         func(["1"], object())  # plain GRPOTrainer carries one advantage per row

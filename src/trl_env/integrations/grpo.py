@@ -19,7 +19,7 @@ from typing_extensions import Unpack
 from trl_env.backends.base import Generator, as_generator
 from trl_env.backends.vllm_colocate import VLLMColocateGenerator
 from trl_env.backends.vllm_server import VLLMServerGenerator
-from trl_env.credit import CreditEstimator, get_estimator
+from trl_env.credit import CreditEstimator, credit_estimator
 from trl_env.env import Env, Seed
 from trl_env.errors import ConfigError, TrlEnvError
 from trl_env.integrations.metrics import log_metrics
@@ -178,7 +178,7 @@ def make_rollout_func(
             "fresh env, e.g. `env_factory=MyEnv`, not `MyEnv()`."
         )
     check_processor(processor)
-    get_estimator(credit)  # a bad name fails here, not at the first step
+    credit_estimator(credit, "group")  # a bad value fails here, not at the first step
     if system_prompt is not None:
         processor = _with_system_prompt(processor, system_prompt)
     groups = {"limits": limits, "engine": engine, "backend": backend, "logging": logging}

@@ -15,7 +15,7 @@ import torch
 from trl import GRPOTrainer
 from trl.trainer.utils import nanstd
 
-from trl_env.credit import CreditEstimator, EpisodeCredit, credit_metrics, estimate, get_estimator, token_advantages
+from trl_env.credit import CreditEstimator, EpisodeCredit, credit_estimator, credit_metrics, estimate, token_advantages
 from trl_env.errors import ConfigError
 from trl_env.integrations.grpo import RolloutFunction, RolloutOutput, env_reward
 from trl_env.rollout import Ending, History, Rollout
@@ -257,7 +257,8 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
         """
         from accelerate.utils import gather_object  # type: ignore[import-untyped]
 
-        estimator = get_estimator(credit, scale_rewards=self.scale_rewards) if isinstance(credit, str) else credit
+        estimator = credit_estimator(credit, self.scale_rewards)  # type: ignore[arg-type]  # "group"/"none": __init__
+        assert estimator is not None, "called for a credit other than 'episode'"
         weights = self.reward_weights.to(rewards_per_func.device)
         totals = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
         totals[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
