@@ -42,14 +42,16 @@ class TalkEnv:
 class ReplyGenerator:
     """Samples the ids of ``processor.render_agent_output(reasoning, action) + stop``; records every request.
 
-    ``reasoning(k)`` says whether reply k (counted over all requests) has a reasoning block.
+    ``reasoning(k)`` says whether reply k (counted over all requests) has a reasoning block; ``think(prompt)``,
+    given, decides from the decoded prompt instead, so a reply does not depend on the order episodes run in.
     """
 
     continuous = False
     context_limit = None
 
-    def __init__(self, tokenizer, processor, *, reasoning=lambda k: True, seed=0):
-        self.tokenizer, self.processor, self.reasoning, self.rng = tokenizer, processor, reasoning, random.Random(seed)
+    def __init__(self, tokenizer, processor, *, reasoning=lambda k: True, think=None, seed=0):
+        self.tokenizer, self.processor, self.rng = tokenizer, processor, random.Random(seed)
+        self.reasoning, self.think = reasoning, think
         self.stop = processor.stop_strings[0] if getattr(processor, "stop_strings", ()) else tokenizer.eos_token
         self.requests, self.outputs = [], []
 
@@ -57,7 +59,9 @@ class ReplyGenerator:
         futures = []
         for request in requests:
             k = len(self.requests)
-            thought = f"step {k}: the middle is {k % 10}" if self.reasoning(k) else ""
+            prompt = self.tokenizer.decode(request.prompt_ids, skip_special_tokens=False)
+            thinks = self.think(prompt) if self.think else self.reasoning(k)
+            thought = f"step {k}: the middle is {k % 10}" if thinks else ""
             action = str(k % 10)
             text = (self.processor.render_agent_output(thought, action) if thought else action) + self.stop
             ids = list(self.tokenizer.encode(text, add_special_tokens=False))[: request.max_tokens]

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from test_async_grpo import Recorder, check_row, consume
 from test_history import ReplyGenerator
-from test_history_grpo import FlakyTalkEnv, thinking_tokenizer
+from test_history_grpo import FlakyTalkEnv, NumberedTalkEnv, thinking_tokenizer, thinks_by_episode
 from vllm_server import make_vllm_server_fixture
 
 from trl_env import ConfigError
@@ -29,12 +29,12 @@ FATES = ("pushed", "dropped_stale", "failed", "untrainable", "truncated_masked",
 def deployed_worker(tokenizer, history, **kwargs):
     tok = thinking_tokenizer(tokenizer)
     processor = from_tokenizer(tok)
-    gen = ReplyGenerator(tok, processor, reasoning=lambda k: k % 2 == 0)
+    gen = ReplyGenerator(tok, processor, think=thinks_by_episode)
     groups: list = []
     defaults = dict(num_generations=4, max_staleness=1, max_inflight_groups=2, max_turns=3,
                     max_completion_length=128, buffer_size=8, lora_name=None, history=history,
                     on_group=lambda record, rollouts: groups.append((record, rollouts)))  # fmt: skip
-    worker = TrlEnvRolloutWorker(FlakyTalkEnv, processor, tok, gen, ["1", "2", "3"], **(defaults | kwargs))
+    worker = TrlEnvRolloutWorker(NumberedTalkEnv, processor, tok, gen, ["1", "2", "3"], **(defaults | kwargs))
     return worker, groups
 
 

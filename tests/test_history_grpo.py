@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import statistics
 import threading
 
@@ -54,7 +55,8 @@ class FlakyTalkEnv:
     def __init__(self) -> None:
         with FlakyTalkEnv.lock:
             FlakyTalkEnv.count += 1
-            self.fail = FlakyTalkEnv.count % 5 == 0
+            self.number = FlakyTalkEnv.count
+            self.fail = self.number % 5 == 0
         self.reward, self.alive, self.turn = 0.0, True, 0
 
     def reset(self, seed):
@@ -67,6 +69,19 @@ class FlakyTalkEnv:
         self.reward += 1.0 if action.strip() in "13579" else 0.0
         self.alive = self.turn < 3
         return self, f"Observation {self.turn} after {action.strip()!r}."
+
+
+class NumberedTalkEnv(FlakyTalkEnv):
+    """FlakyTalkEnv that says its instance number, so a reply can depend on its episode (see ``thinks_by_episode``)."""
+
+    def reset(self, seed):
+        return self, f"Start {seed}: env {self.number}, say a number."
+
+
+def thinks_by_episode(prompt: str) -> bool:
+    """Env n's turns before turn ``n % 3`` think: among any 3 of 4 consecutive envs, episodes get different rows."""
+    number = int(re.search(r"env (\d+),", prompt).group(1))
+    return prompt.count("Observation ") < number % 3
 
 
 def thinking_tokenizer(tokenizer):
@@ -104,9 +119,9 @@ def test_trainer_rows_share_their_episode_advantage_from_per_episode_group_stati
 
     tok = thinking_tokenizer(tokenizer)
     processor = from_tokenizer(tok)
-    # replies think one time in two: a thinking turn is rewritten later, so episodes have 1 to 3 rows
-    gen = ReplyGenerator(tok, processor, reasoning=lambda k: k % 2 == 0)
-    func = make_rollout_func(FlakyTalkEnv, processor, history="deployed", generator=gen, max_turns=3, env_workers=2)
+    # a thinking turn is rewritten later, so episodes have 1 to 3 rows, whatever order they run in
+    gen = ReplyGenerator(tok, processor, think=thinks_by_episode)
+    func = make_rollout_func(NumberedTalkEnv, processor, history="deployed", generator=gen, max_turns=3, env_workers=2)
     seen = []
     rollouts = func.rollouts
     func.rollouts = lambda prompts, trainer: seen.append(rollouts(prompts, trainer)) or seen[-1]
