@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from trl_env.errors import ConfigError
-from trl_env.rollout import Ending, Rollout, Row
+from trl_env.rollout import Ending, Rollout
 
 __all__ = [
     "CREDIT_ESTIMATORS",
@@ -352,8 +352,7 @@ def token_advantages(rollout: Rollout, advantages: Sequence[float] | None) -> li
     Raises:
         ConfigError: when ``advantages`` has not one value per turn, or the turns do not add up to the rows' tokens.
     """
-    rows = rollout.rows or (Row(rollout.prompt_ids, rollout.completion_ids, rollout.logprobs, rollout.env_mask,
-                                len(rollout.turns)),)  # fmt: skip
+    rows = rollout.rows
     if advantages is None:
         return [[0.0] * len(row.completion_ids) for row in rows]
     if len(advantages) != len(rollout.turns):

@@ -115,8 +115,14 @@ class Rollout:
     info: dict[str, Any] = field(default_factory=dict)
     """Extra facts, e.g. ``placeholder=True`` when the completion is a single masked stand-in token."""
     rows: tuple[Row, ...] = ()
-    """The training rows, in turn order. ``history="sampled"``: one, the rollout's own lists. ``"deployed"``: one
-    per turn whose context does not extend the previous row verbatim; the rollout's own lists are the last row's."""
+    """The training rows, in turn order, never empty. ``history="sampled"``: one, the rollout's own lists.
+    ``"deployed"``: one per turn whose context does not extend the previous row verbatim; the rollout's own lists
+    are the last row's. A ``Rollout`` built without rows (by hand) gets its own lists as its one row."""
+
+    def __post_init__(self) -> None:
+        if not self.rows:
+            row = Row(self.prompt_ids, self.completion_ids, self.logprobs, self.env_mask, len(self.turns))
+            object.__setattr__(self, "rows", (row,))
 
     @property
     def terminated(self) -> bool:

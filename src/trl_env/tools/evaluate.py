@@ -51,7 +51,7 @@ def summarize(rollouts: Sequence[Rollout], *, wall_s: float, success_threshold: 
     """Figures over ``rollouts``; rewards of failed episodes (``None``) are left out of the mean."""
     n = max(1, len(rollouts))
     rewards = [r.reward for r in rollouts if r.reward is not None]
-    rows_B = [r.rows or (r,) for r in rollouts]  # history="deployed": several rows, every sampled token in one
+    rows_B = [r.rows for r in rollouts]  # history="deployed": several rows, every sampled token in one
     return Summary(
         episodes=len(rollouts),
         mean_reward=statistics.fmean(rewards) if rewards else float("nan"),

@@ -102,7 +102,7 @@ def episode_samples(
     """
     if version is None or r.info.get("placeholder"):
         return []
-    rows = r.rows or (Row(r.prompt_ids, r.completion_ids, r.logprobs, r.env_mask, len(r.turns)),)
+    rows = r.rows
     if len(rows) == 1:  # the episode's own lists and versions (history="sampled", or a merged deployed episode)
         sample = row_sample(rows[0], r.turns, advantage, reward, reward_std, version, group_id, r.seed)
         return [] if sample is None else [sample]
@@ -129,13 +129,11 @@ def row_sample(
     seed: Any,
 ) -> RolloutSample | None:
     """One row as a ``RolloutSample``, or ``None`` when it must not reach the trainer."""
-    if not any(row.env_mask):
-        return None  # no trained token: an empty loss row crashes the trainer (segment_id.max() of nothing)
+    if not _trainable(row):
+        return None
     n = len(row.prompt_ids)
     mask = np.asarray([0] * n + row.env_mask, dtype=np.int64)
     logprobs = np.asarray([0.0] * n + row.logprobs, dtype=np.float32)
-    if not np.isfinite(logprobs[mask == 1]).all():
-        return None  # a None logprob from the server (parsed as NaN) would make the loss NaN
     completion = []
     for turn in turns:
         completion.append({"role": "assistant", "content": turn.text})
@@ -159,7 +157,11 @@ def row_sample(
 
 
 def _trainable(row: Row) -> bool:
-    """``row_sample``'s rule: a row reaches the trainer only with a trained token and finite logprobs at them all."""
+    """Whether a row may reach the trainer: it needs a trained token, with finite logprobs at them all.
+
+    An empty loss row crashes the trainer (``segment_id.max()`` of nothing); a ``None`` logprob from the server,
+    parsed as NaN, makes the loss NaN.
+    """
     mask = np.asarray(row.env_mask, dtype=np.int64)
     return bool(mask.any()) and bool(np.isfinite(np.asarray(row.logprobs, dtype=np.float32)[mask == 1]).all())
 
@@ -187,7 +189,7 @@ def turn_samples(
     """
     if version is None or r.info.get("placeholder"):
         return []
-    rows = r.rows or (Row(r.prompt_ids, r.completion_ids, r.logprobs, r.env_mask, len(r.turns)),)
+    rows = r.rows
     samples, first = [], 0
     for row in rows:
         turns, row_advantages = r.turns[first : first + row.turns], advantages[first : first + row.turns]
