@@ -734,12 +734,26 @@ class StepClock:
         self.optimizer.append(time.time())
 
 
-def test_async_grpo_with_vllm_lora_sync_trains_on_token_exact_fresh_samples(vllm_async_server, tmp_path):
-    import requests
+def lora_async_trainer(server, tokenizer, worker, seeds, output_dir, *, steps, max_staleness=1, **kwargs):
+    """A real ``AsyncGRPOTrainer`` on ``server``'s tiny model: a LoRA adapter synced to the vLLM server over HTTP,
+    groups of 4, batches of 8, ``steps`` optimizer steps, pulling from ``worker`` (``kwargs``: more trainer args)."""
     from datasets import Dataset
     from peft import LoraConfig
-    from transformers import AutoTokenizer
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+
+    args = AsyncGRPOConfig(output_dir=str(output_dir), max_steps=steps, per_device_train_batch_size=8,
+                           num_generations=4, token_budget=0, bf16=False, gradient_checkpointing=False,
+                           report_to=[], logging_steps=1, save_strategy="no", max_staleness=max_staleness,
+                           learning_rate=5e-2, vllm_server_base_url=server.base_url, temperature=1.0,
+                           heartbeat_stale_after_s=120)  # fmt: skip
+    lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    return AsyncGRPOTrainer(model=server.model_dir, args=args, processing_class=tokenizer, rollout_worker=worker,
+                            train_dataset=Dataset.from_dict({"prompt": seeds}), peft_config=lora, **kwargs)  # fmt: skip
+
+
+def test_async_grpo_with_vllm_lora_sync_trains_on_token_exact_fresh_samples(vllm_async_server, tmp_path):
+    import requests
+    from transformers import AutoTokenizer
 
     from trl_env import VLLMServerGenerator
 
@@ -757,15 +771,8 @@ def test_async_grpo_with_vllm_lora_sync_trains_on_token_exact_fresh_samples(vllm
     get = worker.rollout_buffer.get
     worker.rollout_buffer.get = lambda *a, **k: taken.append((trainer.model_version, s := get(*a, **k))) or s
     clock = StepClock()
-    args = AsyncGRPOConfig(output_dir=str(tmp_path / "out"), max_steps=steps, per_device_train_batch_size=8,
-                           num_generations=4, token_budget=0, bf16=False, gradient_checkpointing=False,
-                           report_to=[], logging_steps=1, save_strategy="no", max_staleness=max_staleness,
-                           learning_rate=5e-2, vllm_server_base_url=url, temperature=1.0,
-                           heartbeat_stale_after_s=120)  # fmt: skip
-    trainer = AsyncGRPOTrainer(model=model_dir, args=args, processing_class=tokenizer, rollout_worker=worker,
-                               train_dataset=Dataset.from_dict({"prompt": seeds}), callbacks=[clock],
-                               peft_config=LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
-                                                      lora_dropout=0.0))  # fmt: skip
+    trainer = lora_async_trainer(vllm_async_server, tokenizer, worker, seeds, tmp_path / "out", steps=steps,
+                                 max_staleness=max_staleness, callbacks=[clock])  # fmt: skip
     assert trainer._lora_sync and trainer.weight_transfer is None  # the trainer syncs adapters over HTTP
     t0 = time.time()
     trainer.train()

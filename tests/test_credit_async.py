@@ -22,6 +22,7 @@ from test_async_grpo import (
     answered_by,
     check_row,
     consume,
+    lora_async_trainer,
     make_worker,
     reduce_metrics,
     scripted_seeds,
@@ -245,6 +246,19 @@ def check_turn_samples(samples, r):
         assert trained == [p for p, m in enumerate(row.env_mask) if m]
 
 
+def checked_episodes(pushed, groups, estimator):
+    """Each pushed episode's samples, checked against its rollout (``check_turn_samples``), with that rollout and the
+    advantages ``estimator`` gives its turns: (samples, rollout, advantages)."""
+    by_group = {record.group_id: rollouts for record, rollouts in groups}
+    for g, episodes in pushed.items():
+        rollouts = by_group[g]
+        advantages = estimator([EpisodeCredit.from_rollout(r) for r in rollouts])
+        for samples in episodes:
+            e = episode_of(samples, rollouts)
+            check_turn_samples(samples, rollouts[e])
+            yield samples, rollouts[e], advantages[e]
+
+
 class CreditEnv:
     """One of five kinds per group of five (instances in order): A, B, E score; C fails; D is over at reset.
 
@@ -346,17 +360,10 @@ def test_deployed_history_splits_every_row_per_turn(tokenizer):
     read = [s for b in batches for _, s in b] + leftovers
     assert dropped == 0 and read
     assert {id(s) for s in read} <= {id(s) for episodes in pushed.values() for samples in episodes for s in samples}
-    by_group = {record.group_id: rollouts for record, rollouts in groups}
-    estimator = DiscountedReturns(scale_rewards="group")  # the worker's scale_rewards
     split = 0
-    for g, episodes in pushed.items():
-        rollouts = by_group[g]
-        advantages = estimator([EpisodeCredit.from_rollout(r) for r in rollouts])
-        for samples in episodes:
-            e = episode_of(samples, rollouts)
-            check_turn_samples(samples, rollouts[e])
-            assert [s.advantage for s in samples] == pytest.approx(advantages[e])
-            split += len(rollouts[e].rows) > 1
+    for samples, rollout, advantages in checked_episodes(pushed, groups, DiscountedReturns(scale_rewards="group")):
+        assert [s.advantage for s in samples] == pytest.approx(advantages)  # the worker's scale_rewards
+        split += len(rollout.rows) > 1
     assert split > 0  # some episodes had several rows
     counts = dict(worker.counts)
     assert counts["failed"] > 0 and counts["episodes"] == sum(counts.get(k, 0) for k in FATES), counts
@@ -370,10 +377,7 @@ vllm_credit_server = make_vllm_server_fixture(name="vllm_credit_server", scope="
 
 
 def test_two_real_async_grpo_steps_train_each_turn_with_its_own_advantage(vllm_credit_server, tmp_path, monkeypatch):
-    from datasets import Dataset
-    from peft import LoraConfig
     from transformers import AutoTokenizer
-    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
     from trl.experimental.async_grpo.packing import TreeRow
 
     from trl_env import VLLMServerGenerator
@@ -396,15 +400,7 @@ def test_two_real_async_grpo_steps_train_each_turn_with_its_own_advantage(vllm_c
     pack = TreeRow.pack
     monkeypatch.setattr(TreeRow, "pack", lambda self: packed.append((list(self.samples), len(self.tokens),
                                                                      out := pack(self))) or out)  # fmt: skip
-    args = AsyncGRPOConfig(output_dir=str(tmp_path / "out"), max_steps=steps, per_device_train_batch_size=8,
-                           num_generations=4, token_budget=0, bf16=False, gradient_checkpointing=False,
-                           report_to=[], logging_steps=1, save_strategy="no", max_staleness=1,
-                           learning_rate=5e-2, vllm_server_base_url=url, temperature=1.0,
-                           heartbeat_stale_after_s=120)  # fmt: skip
-    trainer = AsyncGRPOTrainer(model=model_dir, args=args, processing_class=tokenizer, rollout_worker=worker,
-                               train_dataset=Dataset.from_dict({"prompt": seeds}),
-                               peft_config=LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
-                                                      lora_dropout=0.0))  # fmt: skip
+    trainer = lora_async_trainer(vllm_credit_server, tokenizer, worker, seeds, tmp_path / "out", steps=steps)
     t0 = time.time()
     trainer.train()
     logs = [h for h in trainer.state.log_history if "loss" in h]
@@ -415,18 +411,11 @@ def test_two_real_async_grpo_steps_train_each_turn_with_its_own_advantage(vllm_c
     # Every sample the trainer read is one model turn, token-exact (the server's answer to the sample's prefix),
     # trained on that turn only, with the advantage GiGPO gives that turn of its episode.
     answered, _ = recorder.answered()
-    by_group = {record.group_id: rollouts for record, rollouts in groups}
-    estimator = get_estimator("gigpo", scale_rewards="group")
     expected_of = {}  # id(sample) -> the advantage of its turn
     varied = 0
-    for g, episodes in pushed.items():
-        rollouts = by_group[g]
-        advantages = estimator([EpisodeCredit.from_rollout(r) for r in rollouts])
-        for samples in episodes:
-            e = episode_of(samples, rollouts)
-            check_turn_samples(samples, rollouts[e])
-            expected_of.update({id(s): a for s, a in zip(samples, advantages[e], strict=True)})
-            varied += len({round(a, 6) for a in advantages[e]}) > 1
+    for samples, _, advantages in checked_episodes(pushed, groups, get_estimator("gigpo", scale_rewards="group")):
+        expected_of.update({id(s): a for s, a in zip(samples, advantages, strict=True)})
+        varied += len({round(a, 6) for a in advantages}) > 1
     assert len(taken) >= steps * 8 and varied > 0  # some episodes' turns got different advantages
     for s in taken:
         assert check_row(s, answered) and s.advantage == pytest.approx(expected_of[id(s)])

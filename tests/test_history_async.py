@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from test_async_grpo import Recorder, check_row, consume
+from test_async_grpo import Recorder, check_row, consume, lora_async_trainer
 from test_history import ReplyGenerator
 from test_history_grpo import FlakyTalkEnv, NumberedTalkEnv, thinking_tokenizer, thinks_by_episode
 from vllm_server import make_vllm_server_fixture
@@ -109,10 +109,7 @@ tokens with +5, so Qwen 3's template drops earlier reasoning and deployed episod
 @pytest.mark.parametrize("history", ["sampled", "deployed"])
 def test_two_real_async_grpo_steps_in_both_modes_every_request_a_rows_context(vllm_history_server, tmp_path, history):
     import requests
-    from datasets import Dataset
-    from peft import LoraConfig
     from transformers import AutoTokenizer
-    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
     from trl_env import VLLMServerGenerator
 
@@ -138,15 +135,7 @@ def test_two_real_async_grpo_steps_in_both_modes_every_request_a_rows_context(vl
     worker.rollout_buffer.get = lambda *a, **k: taken.append(s := get(*a, **k)) or s
     stop, stopped_at = worker.stop, []
     worker.stop = lambda: stopped_at.append(time.time()) or stop()
-    args = AsyncGRPOConfig(output_dir=str(tmp_path / "out"), max_steps=steps, per_device_train_batch_size=8,
-                           num_generations=4, token_budget=0, bf16=False, gradient_checkpointing=False,
-                           report_to=[], logging_steps=1, save_strategy="no", max_staleness=1,
-                           learning_rate=5e-2, vllm_server_base_url=url, temperature=1.0,
-                           heartbeat_stale_after_s=120)  # fmt: skip
-    trainer = AsyncGRPOTrainer(model=model_dir, args=args, processing_class=tok, rollout_worker=worker,
-                               train_dataset=Dataset.from_dict({"prompt": seeds}),
-                               peft_config=LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
-                                                      lora_dropout=0.0))  # fmt: skip
+    trainer = lora_async_trainer(vllm_history_server, tok, worker, seeds, tmp_path / "out", steps=steps)
     trainer.train()
     logs = [h for h in trainer.state.log_history if "loss" in h]
     counts = dict(worker.counts)
