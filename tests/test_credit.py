@@ -7,8 +7,9 @@ import math
 
 import numpy as np
 import pytest
+from helpers import ScriptedGenerator
 
-from trl_env import ConfigError, Ending, FinishReason
+from trl_env import Budgets, ChatMLProcessor, ConfigError, Ending, FinishReason, batch_rollout
 from trl_env.credit import (
     CREDIT_ESTIMATORS,
     DiscountedReturns,
@@ -62,9 +63,17 @@ def test_discounted_returns_turn_baseline_counts_finished_episodes_as_zero():
     assert scaled == approx([[5 / 3 / rms, 1 / rms, 4 / 3 / rms], [-1 / 3 / rms, 0], None, [-4 / 3 / rms]])
 
 
-def test_discounted_with_only_a_final_reward_and_episode_baseline_is_the_episode_estimator():
+def test_discounted_with_only_a_final_reward_and_episode_baseline_is_the_episode_estimator_unscaled_only():
     group = [EpisodeCredit([0.0, 0.0, 1.0], ["s", "a", "b"]), EpisodeCredit([0.0], ["s"]), EpisodeCredit([2.0], ["s"])]
     assert DiscountedReturns(baseline="episode", scale_rewards="none")(group) == approx(EpisodeAdvantage("none")(group))
+    # scale_rewards="group": the std over episodes (sqrt(2/3)) against the root mean square over turns (sqrt(2/5):
+    # the 3-turn episode counts 3 times), so not the same
+    scaled, episode = DiscountedReturns(baseline="episode")(group), EpisodeAdvantage()(group)
+    assert scaled == approx([[0.0] * 3, [-math.sqrt(5 / 2)], [math.sqrt(5 / 2)]])
+    assert episode == approx([[0.0] * 3, [-math.sqrt(3 / 2)], [math.sqrt(3 / 2)]])
+    # with equal lengths the two scales coincide
+    even = [EpisodeCredit([0.0, r], ["s", "a"]) for r in (0.0, 1.0, 2.0)]
+    assert DiscountedReturns(baseline="episode")(even) == approx(EpisodeAdvantage()(even))
 
 
 def test_naive_per_turn_index_normalises_over_the_episodes_alive_at_each_index():
@@ -141,7 +150,7 @@ def test_from_rollout_turn_rewards_sum_to_the_episode_total_and_anchors_are_stat
     credit = EpisodeCredit.from_rollout(done)
     first = f"prompt:{hash((1,)):x}"  # turn 0 acted on the first prompt (the same for the whole group)
     assert credit == EpisodeCredit([0.5, 0.0, 1.5], [first, "o1", ""], failed=False)
-    # a reward set at reset or settled by truncate (the total differs from the steps' sum) is earned by the last turn
+    # a reward settled by truncate (the total differs from the steps' sum) is earned by the last turn
     assert EpisodeCredit.from_rollout(done, total=3.0).turn_rewards == [0.5, 0.0, 2.5]
     # other reward functions: env changes weighted, the rest of the weighted total at the end
     assert EpisodeCredit.from_rollout(done, total=0.25, env_weight=0.5).turn_rewards == [0.25, 0.0, 0.0]
@@ -157,6 +166,41 @@ def test_from_rollout_turn_rewards_sum_to_the_episode_total_and_anchors_are_stat
     assert EpisodeCredit.from_rollout(rollout([turn(None, None)], reward=None, ending=Ending.LENGTH)).failed
     assert EpisodeCredit.from_rollout(done, total=float("nan")).failed
     assert EpisodeCredit.from_rollout(rollout([], reward=None)).failed
+
+
+class ResetRewardEnv:
+    """0.25 at reset, then +1.0 and +3.0."""
+
+    def __init__(self) -> None:
+        self.reward, self.alive, self.turn = 0.0, True, 0
+
+    def reset(self, seed):
+        self.reward = 0.25
+        return self, "start"
+
+    def step(self, action):
+        self.turn += 1
+        self.reward += (1.0, 3.0)[self.turn - 1]
+        self.alive = self.turn < 2
+        return self, f"o{self.turn}"
+
+
+def test_a_reward_the_env_sets_at_reset_is_earned_by_the_first_turn(tokenizer):
+    """The first turn's reward is taken against 0, so it holds the reset reward; a group shares it (one seed), so it
+    cancels against turn 0's baseline, where on the last turn it would shift later turns by how many episodes
+    stopped."""
+    stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    generator = ScriptedGenerator([stop], stop, p_stop=1.0)
+    [r] = batch_rollout(["0"], ResetRewardEnv, ChatMLProcessor(), tokenizer, generator, budgets=Budgets(4, 8))
+    assert [t.reward for t in r.turns] == [1.25, 4.25] and r.reward == 4.25
+    assert EpisodeCredit.from_rollout(r).turn_rewards == [1.25, 3.0]  # not [1.0, 3.25]
+    # a group: this episode and one that stops after a first turn earning 0, with and without the reset reward
+    estimator = DiscountedReturns(scale_rewards="none")
+    with_reset = estimator([EpisodeCredit([1.25, 3.0], ["s", "a"]), EpisodeCredit([0.25], ["s"])])
+    without = estimator([EpisodeCredit([1.0, 3.0], ["s", "a"]), EpisodeCredit([0.0], ["s"])])
+    assert with_reset == approx([[2.0, 1.5], [-2.0]]) and without == approx([[2.0, 1.5], [-2.0]])
+    at_the_end = estimator([EpisodeCredit([1.0, 3.25], ["s", "a"]), EpisodeCredit([0.25], ["s"])])
+    assert at_the_end == approx([[2.0, 1.625], [-2.0]])  # turn 1's baseline counts the stopped episode as 0
 
 
 def test_token_advantages_give_each_model_token_its_turns_advantage_row_by_row():

@@ -74,9 +74,11 @@ class EpisodeCredit:
         """An episode's credit record, read from its turns.
 
         Turn t earned ``env_weight`` x the change of ``env.reward`` over its step (``Turn.reward`` minus the previous
-        turn's, the first against 0; a turn without a step changed nothing). Whatever of ``total`` these do not
-        account for goes to the last turn, so the turn rewards always sum to ``total``: the env's reward set at reset
-        or by ``truncate``, and the scores of reward functions that judge the whole episode, are earned at its end.
+        turn's; a turn without a step changed nothing). The first turn's is taken against 0, so a reward the env set
+        at reset is earned by turn 0: a group shares it (one seed), and there it cancels against the baseline (on the
+        last turn it would shift later turns by how many episodes stopped). Whatever of ``total`` these do not
+        account for goes to the last turn, so the turn rewards always sum to ``total``: the env's reward settled by
+        ``truncate``, and the scores of reward functions that judge the whole episode, are earned at its end.
         ``total`` defaults to ``Rollout.reward``; ``None`` (or a NaN) makes the episode ``failed``, as does an
         ``Ending.ERROR`` or an episode without a turn.
 
@@ -172,11 +174,12 @@ class DiscountedReturns:
 
     ``baseline="turn"`` (default): ``b_t`` is the mean over *all* the group's scored episodes of their return-to-go
     at turn index t, an episode that already stopped counting 0. ``baseline="episode"``: ``b_t`` is the group mean
-    of the episodes' (discounted) returns, the same for every turn (with only a final reward and ``gamma=1`` this is
-    ``credit="episode"``). Either mean includes episode i itself, as TRL's does, which scales the expected gradient by
-    ``(n - 1) / n`` for every parameter (docs/credit.md has the proof sketch). ``scale_rewards="group"`` then divides
-    the group's advantages by their root mean square over its turns (+1e-8), so they have unit scale; ``"none"``
-    leaves them (the setting the unbiasedness statement is about, as for TRL's own ``scale_rewards``).
+    of the episodes' (discounted) returns, the same for every turn (with only a final reward, ``gamma=1`` and
+    ``scale_rewards="none"`` this is ``credit="episode"``). Either mean includes episode i itself, as TRL's does,
+    which scales the expected gradient by ``(n - 1) / n`` for every parameter (docs/credit.md has the proof sketch).
+    ``scale_rewards="group"`` then divides the group's advantages by their root mean square over its turns (+1e-8), so
+    they have unit scale; ``"none"`` leaves them (the setting the unbiasedness statement is about, as for TRL's own
+    ``scale_rewards``).
     """
 
     gamma: float = 1.0
