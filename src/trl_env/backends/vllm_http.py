@@ -1,0 +1,125 @@
+"""The HTTP side of the vLLM server client: its pooled session, which failures mean no answer, how answers are read.
+
+``parse_completions`` reads a batched ``/v1/completions`` answer (one result per prompt), ``parse_completion`` one
+choice; anything missing or inconsistent is a ``ServerError``, not data. ``VLLMServerGenerator`` (vllm_server.py)
+sends the requests.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import requests
+import urllib3
+
+from trl_env.backends.base import FinishReason, Generation, GenerationRequest
+from trl_env.errors import ServerError
+
+
+def _http_session(n_servers: int, max_in_flight: int) -> requests.Session:
+    """A pooled session with a connection per request in flight."""
+    session = requests.Session()
+    # requests' default re-reads proxy settings from os.environ on every request (~20% of client CPU per
+    # turn, benchmarks/README.md); a vLLM server is addressed directly, with no auth from .netrc.
+    session.trust_env = False
+    adapter = requests.adapters.HTTPAdapter(pool_connections=n_servers, pool_maxsize=max_in_flight)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
+
+
+def _unreachable(error: requests.RequestException) -> bool:
+    """The server was not reached or did not answer in time, as opposed to a connection dropped mid-answer.
+
+    Not reached: connection refused, unresolvable, connect timeout; not in time: a read timeout.
+    """
+    if isinstance(error, requests.Timeout):
+        return True
+    reason = getattr(error.args[0], "reason", None) if error.args else None
+    return isinstance(reason, urllib3.exceptions.NewConnectionError)
+
+
+def parse_completions(
+    data: Any, *, url: str, requests: Sequence[GenerationRequest], policy: str | None = None
+) -> list[Generation | ServerError]:
+    """Read the answer to a batched request: one result per prompt, in order; a bad choice is that prompt's error.
+
+    ``policy``: the model name the request gave, recorded on each ``Generation``.
+    """
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(choices, list) or len(choices) != len(requests):
+        error = ServerError(
+            f"{url} returned a completion without usable choices: {len(choices) if isinstance(choices, list) else 0} "
+            f"for {len(requests)} prompts. Body: {str(data)[:300]}",
+            url=url,
+            body=str(data),
+        )
+        return [error] * len(requests)
+    if any(isinstance(c, dict) and "index" in c for c in choices):
+        choices = sorted(choices, key=lambda c: c.get("index", 0) if isinstance(c, dict) else 0)
+    results: list[Generation | ServerError] = []
+    for choice, request in zip(choices, requests, strict=True):
+        try:
+            results.append(
+                parse_completion({"choices": [choice]}, url=url, max_tokens=request.max_tokens, policy=policy)
+            )
+        except ServerError as e:
+            results.append(e)
+    return results
+
+
+_TOKEN_ID = "token_id:"
+
+
+def _token_id(token: str) -> int:
+    """The id in a ``"token_id:<id>"`` logprob token."""
+    if not token.startswith(_TOKEN_ID):
+        raise ValueError(f"logprob token {token[:40]!r} is not 'token_id:<id>'")
+    return int(token[len(_TOKEN_ID) :])
+
+
+def parse_completion(data: Any, *, url: str, max_tokens: int, policy: str | None = None) -> Generation:
+    """Read one ``/v1/completions`` answer; anything missing or inconsistent is a ``ServerError``, not data.
+
+    ``policy``: the model name the request gave, recorded on the ``Generation``.
+    """
+    try:
+        choice = data["choices"][0]
+        logprobs_ = choice["logprobs"]
+        if logprobs_.get("tokens") is not None:  # return_tokens_as_token_ids: each token is "token_id:<id>"
+            token_ids = [_token_id(t) for t in logprobs_["tokens"]]
+        else:  # a server that sends only `token_ids` (vLLM does with return_token_ids)
+            token_ids = [int(t) for t in choice["token_ids"]]
+        logprobs = [math.nan if x is None else float(x) for x in logprobs_["token_logprobs"]]
+        finish = FinishReason(choice["finish_reason"])
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+        raise ServerError(
+            f"{url} returned a completion without usable token_ids / logprobs.tokens / logprobs.token_logprobs / "
+            f"finish_reason ({type(e).__name__}: {e}); trl_env needs vLLM >= 0.10, which answers "
+            f"`return_tokens_as_token_ids` with 'token_id:<id>' tokens. Body: {str(data)[:300]}",
+            url=url,
+            body=str(data),
+        ) from e
+    if not 0 < len(token_ids) == len(logprobs) <= max_tokens:
+        raise ServerError(
+            f"{url} returned {len(token_ids)} token ids and {len(logprobs)} logprobs for max_tokens={max_tokens}.",
+            url=url,
+            body=str(data),
+        )
+    return Generation(token_ids, logprobs, finish, policy)
+
+
+def _find_key(tree: Any, key: str) -> Any:
+    """First value of ``key`` anywhere in a nested JSON object."""
+    if isinstance(tree, dict):
+        if key in tree:
+            return tree[key]
+        tree = list(tree.values())
+    if isinstance(tree, list):
+        for item in tree:
+            found = _find_key(item, key)
+            if found is not None:
+                return found
+    return None
