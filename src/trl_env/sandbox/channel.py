@@ -1,0 +1,78 @@
+"""Reading what a sandboxed run writes: its stdout and stderr with caps, and its status channel line by line.
+
+Used by ``Sandbox.run``; nothing here trusts the bytes it reads (the code may write anything into every stream).
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import time
+from collections.abc import Callable
+from typing import IO
+
+
+class _StatusLines:
+    """The child's status channel, read line by line with bounded memory, whatever the code writes into it.
+
+    The first ``layers`` line is the child's (written before the code runs); the first ``refused`` line and the
+    last ``end`` line are kept however much the code floods the channel (a refusal line starts with a newline,
+    so a partial line the code left cannot swallow it).
+    """
+
+    MAX_LINE = 4096
+
+    def __init__(self) -> None:
+        self.layers: tuple[str, ...] | None = None
+        self.refused = ""
+        self.ended = ""
+        self._partial = b""
+
+    def feed(self, data: bytes) -> None:
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        if len(self._partial) > self.MAX_LINE:
+            self._partial = b""  # not a line of ours; keep the memory bounded
+        for raw in lines:
+            line = raw[: self.MAX_LINE].decode("utf-8", "replace")
+            if line.startswith("layers ") and self.layers is None:
+                self.layers = tuple(x for x in line[7:].split(",") if x)
+            elif line.startswith("refused ") and not self.refused:
+                self.refused = line[8:]
+            elif line.startswith("end "):
+                self.ended = line[4:]
+
+
+def _collect(
+    caps: dict[IO[bytes], int], deadline: float, channel: IO[bytes], on_channel: Callable[[bytes], None]
+) -> tuple[dict[IO[bytes], bytearray], set[IO[bytes]], bool]:
+    """Read every stream to EOF or the deadline, keeping the first ``caps[stream]`` bytes of each.
+
+    Everything read from ``channel`` goes to ``on_channel``, which keeps what it needs.
+
+    Returns:
+        The kept bytes per stream, the streams that had more than their cap, whether the deadline passed.
+    """
+    kept: dict[IO[bytes], bytearray] = {stream: bytearray() for stream in caps}
+    overflowed: set[IO[bytes]] = set()
+    with selectors.DefaultSelector() as selector:
+        for stream in (*caps, channel):
+            selector.register(stream, selectors.EVENT_READ, data=stream)
+        while selector.get_map():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return kept, overflowed, True
+            for key, _ in selector.select(remaining):
+                data = os.read(key.fd, 65536)
+                if not data:
+                    selector.unregister(key.fileobj)
+                    continue
+                source: IO[bytes] = key.data
+                if source is channel:
+                    on_channel(data)
+                    continue
+                buffer, cap = kept[source], caps[source]
+                if len(buffer) + len(data) > cap:  # keep reading (and discarding) so the child never blocks
+                    overflowed.add(source)
+                    data = data[: max(0, cap - len(buffer))]
+                buffer += data
+    return kept, overflowed, False
