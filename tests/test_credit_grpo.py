@@ -3,6 +3,7 @@ token (each model token its turn's advantage, env tokens 0), in real GRPOTrainer
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -10,10 +11,11 @@ import torch
 from test_history import ReplyGenerator
 from test_history_grpo import FlakyTalkEnv, none_for_short, thinking_tokenizer, turns_reward
 
+import trl_env
 from trl_env import ChatMLProcessor, env_reward, make_rollout_func
 from trl_env.credit import DiscountedReturns, EpisodeCredit, GiGPO, get_estimator, token_advantages
 from trl_env.errors import ConfigError
-from trl_env.integrations.rows import EpisodeGRPOTrainer
+from trl_env.integrations.rows import EpisodeGRPOTrainer, env_reward_columns
 from trl_env.processors import from_tokenizer
 
 
@@ -75,14 +77,27 @@ def hand_discounted(turn_rewards_by_episode):
     return [None if r is None else next(it) for r in turn_rewards_by_episode]
 
 
-def test_discounted_credit_reaches_each_model_token_as_computed_by_hand(tmp_path, model, tokenizer):
-    """One step, the scripted sampler: the per-token table TRL trains on, against a hand computation."""
+@functools.wraps(env_reward)
+def logged_env_reward(completions, env_reward, **kwargs):
+    """A user's decorator around env_reward (functools.wraps): the same values, the same name."""
+    return trl_env.env_reward(completions, env_reward, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "env_func",
+    [env_reward, logged_env_reward, functools.partial(env_reward), functools.partial(logged_env_reward)],
+    ids=["itself", "wraps", "partial", "partial-of-wraps"],
+)
+def test_discounted_credit_reaches_each_model_token_as_computed_by_hand(tmp_path, model, tokenizer, env_func):
+    """One step, the scripted sampler: the per-token table TRL trains on, against a hand computation. env_reward is
+    found through functools.wraps and functools.partial too (it once was by identity alone: weight 0, all the
+    credit on the last turn)."""
     processor = ChatMLProcessor()
     gen = ReplyGenerator(tokenizer, processor, reasoning=lambda k: False)
     func = make_rollout_func(FlakyTalkEnv, processor, generator=gen, max_turns=3, env_workers=1,
                              credit=DiscountedReturns(scale_rewards="none"))  # fmt: skip
     seen = []
-    trainer = run(tmp_path, model, tokenizer, EpisodeGRPOTrainer, func, [env_reward], seen=seen)
+    trainer = run(tmp_path, model, tokenizer, EpisodeGRPOTrainer, func, [env_func], seen=seen)
     (out,), (episodes,) = trainer.recorded, seen
     assert out["advantages"].shape == out["completion_ids"].shape
     for g in range(0, len(episodes), 4):
@@ -106,6 +121,41 @@ def test_discounted_credit_reaches_each_model_token_as_computed_by_hand(tmp_path
                 k += turn.num_model_tokens + turn.num_env_tokens
             assert row[k:] == [0.0] * (len(row) - k)  # padding
     assert len({tuple(a) for a in out["advantages"].tolist() if any(a)}) > 2, "turns of an episode differ"
+
+
+@functools.wraps(env_reward)
+def doubled_env_reward(completions, env_reward, **kwargs):
+    """Wraps env_reward but changes its values: per turn, credit could only guess how."""
+    return [None if r is None else 2 * r for r in env_reward]
+
+
+def env_reward_copy(completions, env_reward, **kwargs):
+    return list(env_reward)
+
+
+env_reward_copy.__name__ = env_reward_copy.__qualname__ = "env_reward"  # a copy of it (or one of your own)
+
+
+def test_an_env_reward_whose_turns_credit_cannot_read_is_refused(tmp_path, model, tokenizer):
+    """A wrapper that changes env_reward's values is refused at the first step (naming them); a function called
+    env_reward that is not trl_env's at construction. Either once silently spread all its credit on the last turn."""
+    processor = ChatMLProcessor()
+    gen = ReplyGenerator(tokenizer, processor, reasoning=lambda k: False)
+    func = make_rollout_func(FlakyTalkEnv, processor, generator=gen, max_turns=3, env_workers=1, credit="discounted")
+    with pytest.raises(ConfigError, match=r"env_reward.* scored episode \d+ as [\d.]+ where the env's reward "
+                                          r"is [\d.]+.*reward_weights"):  # fmt: skip
+        run(tmp_path, model, tokenizer, EpisodeGRPOTrainer, func, [doubled_env_reward])
+    with pytest.raises(ConfigError, match=r"reward_funcs\[1\].*env_reward.*not trl_env\.env_reward"):
+        run(tmp_path, model, tokenizer, EpisodeGRPOTrainer, func, [turns_reward, env_reward_copy])
+    episode = make_rollout_func(FlakyTalkEnv, processor, generator=gen, max_turns=3, env_workers=1)
+    run(tmp_path, model, tokenizer, EpisodeGRPOTrainer, episode, [env_reward_copy])  # credit="episode": per episode
+
+
+def test_env_reward_columns_finds_env_reward_however_it_is_wrapped():
+    funcs = [turns_reward, env_reward, logged_env_reward, functools.partial(logged_env_reward), lambda **kw: None]
+    assert env_reward_columns(funcs) == [1, 2, 3]
+    with pytest.raises(ConfigError, match=r"reward_funcs\[0\] is named env_reward but is not trl_env\.env_reward"):
+        env_reward_columns([functools.partial(env_reward_copy)])
 
 
 class FirstTurnCredit:

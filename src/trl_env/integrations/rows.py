@@ -8,6 +8,9 @@ episode's advantage. Follows ``GRPOTrainer._generate_and_score_completions`` (``
 
 from __future__ import annotations
 
+import functools
+import inspect
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,7 +23,7 @@ from trl_env.errors import ConfigError
 from trl_env.integrations.grpo import RolloutFunction, RolloutOutput, env_reward
 from trl_env.rollout import Ending, History, Rollout
 
-__all__ = ["EpisodeGRPOTrainer", "episode_advantages", "to_trl_rows"]
+__all__ = ["EpisodeGRPOTrainer", "env_reward_columns", "episode_advantages", "to_trl_rows"]
 
 
 def to_trl_rows(rollouts: Sequence[Rollout], *, mask_truncated: bool = False) -> tuple[RolloutOutput, list[int]]:
@@ -102,6 +105,61 @@ def _check_processes(func: RolloutFunction, num_processes: int) -> None:
         )
 
 
+def env_reward_columns(reward_funcs: Sequence[Any]) -> list[int]:
+    """The positions of ``trl_env.env_reward`` in ``reward_funcs``, whose scores per-turn credit reads turn by turn.
+
+    ``env_reward`` is found as itself, as a ``functools.partial`` of it and as a function that wraps it with
+    ``functools.wraps`` (any nesting of these); ``_check_env_reward_scores`` then checks that it scored the env's
+    rewards. Any other reward function judges the whole episode: its score is earned at the last turn.
+
+    Raises:
+        ConfigError: for a reward function named ``env_reward`` that is not trl_env's (a copy, or one of your own),
+            which would otherwise silently put the env's reward on the last turn.
+    """
+    columns = []
+    for i, func in enumerate(reward_funcs):
+        inner = _unwrapped(func)
+        if inner is env_reward:
+            columns.append(i)
+        elif getattr(inner, "__name__", None) == "env_reward":
+            raise ConfigError(
+                f"reward_funcs[{i}] is named env_reward but is not trl_env.env_reward ({inner!r:.80}): per-turn "
+                "credit reads the env's reward turn by turn only from trl_env.env_reward (itself, a functools.partial "
+                "of it or a functools.wraps wrapper of it); any other reward function is earned at the episode's last "
+                "turn. Pass trl_env.env_reward itself, or give yours another name if it judges the whole episode."
+            )
+    return columns
+
+
+def _unwrapped(func: Any) -> Any:
+    """``func`` without its ``functools.partial`` and ``functools.wraps`` layers."""
+    while True:
+        func = inspect.unwrap(func)
+        if not isinstance(func, functools.partial):
+            return func
+        func = func.func
+
+
+def _check_env_reward_scores(
+    rewards_per_func: torch.Tensor, columns: Sequence[int], rollouts: Sequence[Rollout], names: Sequence[str]
+) -> None:
+    """Refuse an ``env_reward`` wrapper that changed the env's rewards: how it did, per turn, credit cannot know."""
+    expected = torch.tensor([math.nan if r.reward is None else r.reward for r in rollouts], dtype=torch.float64)
+    for i in columns:
+        got = rewards_per_func[:, i].detach().to("cpu", torch.float64)
+        differs = ~torch.isclose(got, expected, rtol=1e-5, atol=1e-6, equal_nan=True)  # TRL's scores are float32
+        if differs.any():
+            k = int(differs.nonzero()[0])
+            raise ConfigError(
+                f"reward function {names[i]!r} (reward_funcs[{i}]) wraps trl_env.env_reward but scored episode {k} "
+                f"as {got[k].item():g} where the env's reward is {expected[k].item():g}: per-turn credit spreads "
+                "env_reward's score over the turns as env.reward changed, and cannot tell how your wrapper changed "
+                "it. Pass trl_env.env_reward itself and weight it with GRPOConfig(reward_weights=...), or make yours "
+                "a reward function of its own (another name, not functools.wraps or partial of env_reward): its "
+                "score is then earned at the episode's last turn."
+            )
+
+
 def _mean_on(values: Sequence[float], mask: Sequence[int]) -> float:
     """The mean of ``values`` where ``mask`` is 1 (0.0 where it is nowhere)."""
     kept = [v for v, m in zip(values, mask, strict=True) if m]
@@ -134,8 +192,9 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
     turn's, env and padding tokens 0. TRL's loss multiplies advantages per token for every loss type, so ``grpo``,
     ``dapo``, ``dr_grpo``, ``bnpo`` and the others weigh tokens exactly as above. The turn rewards: each turn earns
     ``w`` x the change of ``env.reward`` over its step, ``w`` the weight of ``env_reward`` among ``reward_funcs``
-    (0 if absent); the rest of the episode's weighted reward (``sum_k w_k R_k``, TRL's) goes to its last turn, so
-    other reward functions, which judge whole episodes, are earned at the end, and the turn rewards always sum to
+    (a ``functools.partial`` or ``wraps`` of it counts: ``env_reward_columns``; 0 if absent); the rest of the
+    episode's weighted reward (``sum_k w_k R_k``, TRL's) goes to its last turn, so other reward functions, which
+    judge whole episodes, are earned at the end, and the turn rewards always sum to
     the reward TRL would use. A named estimator takes the trainer's ``scale_rewards`` (``"group"`` or ``"none"``);
     ``"batch"`` and ``multi_objective_aggregation="normalize_then_sum"`` are refused (they normalise episodes, not
     turns). Failed episodes get 0 everywhere and stay out of every statistic. Logged under ``credit/``:
@@ -149,6 +208,7 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
         if isinstance(func, RolloutFunction):
             _check_processes(func, self.accelerator.num_processes)
         if credit != "episode":
+            env_reward_columns(self.reward_funcs)  # a function named env_reward that is not trl_env's: refused now
             if self.multi_objective_aggregation != "sum_then_normalize":
                 raise ConfigError(
                     f"multi_objective_aggregation={self.multi_objective_aggregation!r} with credit={credit!r}: "
@@ -262,7 +322,9 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
         weights = self.reward_weights.to(rewards_per_func.device)
         totals = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
         totals[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
-        env_weight = float(sum(w for f, w in zip(self.reward_funcs, weights.tolist(), strict=True) if f is env_reward))
+        columns = env_reward_columns(self.reward_funcs)
+        _check_env_reward_scores(rewards_per_func[local], columns, rollouts, self.reward_func_names)
+        env_weight = float(sum(weights[i].item() for i in columns))
         mine = [EpisodeCredit.from_rollout(r, total=t, env_weight=env_weight)
                 for r, t in zip(rollouts, totals[local].tolist(), strict=True)]  # fmt: skip
         credits = gather_object(mine) if self.accelerator.num_processes > 1 else mine
