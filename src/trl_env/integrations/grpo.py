@@ -31,6 +31,7 @@ from trl_env.integrations.options import (
     LoggingOptions,
     RolloutOptions,
 )
+from trl_env.integrations.trl_internals import TESTED_TRL_RANGE, reward_signature_error, wrap_reward_calculation
 from trl_env.isolation import isolated
 from trl_env.processors.base import Processor, check_processor
 from trl_env.rollout import Ending, History, Rollout, batch_rollout
@@ -65,16 +66,13 @@ def check_trl_version() -> None:
 
     installed = trl.__version__
     has_hook = "rollout_func" in inspect.signature(GRPOTrainer.__init__).parameters
-    scoring = list(inspect.signature(GRPOTrainer._calculate_rewards).parameters)
-    if scoring != ["self", "inputs", "prompts", "completions", "completion_ids_list"]:
-        raise ConfigError(
-            f"trl {installed}: GRPOTrainer._calculate_rewards{tuple(scoring)} is not the 1.16 signature trl_env "
-            "wraps to keep failed episodes out of the reward statistics; install `trl>=1.16,<2`."
-        )
+    wrap_error = reward_signature_error(GRPOTrainer)
+    if wrap_error is not None:
+        raise ConfigError(f"trl {installed}: {wrap_error}; install `trl{TESTED_TRL_RANGE}`.")
     if not has_hook or Version(installed) < Version(MIN_TRL):
         raise ConfigError(
             f"trl {installed} is installed, trl_env needs trl>={MIN_TRL} (GRPOTrainer's rollout_func(prompts, "
-            f"trainer) hook{'' if has_hook else ', missing here'}); run `pip install 'trl>={MIN_TRL},<2'`."
+            f"trainer) hook{'' if has_hook else ', missing here'}); run `pip install 'trl{TESTED_TRL_RANGE}'`."
         )
 
 
@@ -339,22 +337,21 @@ def _exclude_failed_from_rewards(trainer: Any) -> None:
     the failed row back in. So the trainer's reward computation is wrapped once: after it ran,
     the rows of failed episodes (gathered across processes, in TRL's order) are set to NaN.
     """
-    calculate = getattr(trainer, "_calculate_rewards", None)
-    if calculate is None or getattr(trainer, "_trl_env_excludes_failed", False):
-        return  # not a GRPOTrainer (a stand-in), or already wrapped
     import torch
 
-    def calculate_rewards(inputs: list[dict[str, Any]], *args: Any) -> Any:
-        rewards = calculate(inputs, *args)  # (rows of every process, reward functions)
-        failed = torch.tensor(
-            [int(row.get("env_ending") == Ending.ERROR.value) for row in inputs], device=rewards.device
-        )
-        failed = trainer.accelerator.gather(failed).bool()
-        rewards[failed] = torch.nan
-        return rewards
+    def excluding_failed(calculate: Callable[..., Any]) -> Callable[..., Any]:
+        def calculate_rewards(inputs: list[dict[str, Any]], *args: Any) -> Any:
+            rewards = calculate(inputs, *args)  # (rows of every process, reward functions)
+            failed = torch.tensor(
+                [int(row.get("env_ending") == Ending.ERROR.value) for row in inputs], device=rewards.device
+            )
+            failed = trainer.accelerator.gather(failed).bool()
+            rewards[failed] = torch.nan
+            return rewards
 
-    trainer._calculate_rewards = calculate_rewards
-    trainer._trl_env_excludes_failed = True
+        return calculate_rewards
+
+    wrap_reward_calculation(trainer, excluding_failed)
 
 
 def _make_generator(

@@ -16,11 +16,19 @@ from typing import Any
 
 import torch
 from trl import GRPOTrainer
-from trl.trainer.utils import nanstd
 
 from trl_env.credit import CreditEstimator, EpisodeCredit, credit_estimator, credit_metrics, estimate, token_advantages
 from trl_env.errors import ConfigError
 from trl_env.integrations.grpo import RolloutFunction, RolloutOutput, env_reward
+from trl_env.integrations.trl_internals import (
+    metrics,
+    nanstd,
+    replace_logged_advantages,
+    require_tested_trl,
+    scoring_rows,
+    sync_weights_once_per_step,
+    tokenizer_of,
+)
 from trl_env.rollout import Ending, History, Rollout
 
 __all__ = ["EpisodeGRPOTrainer", "env_reward_columns", "episode_advantages", "to_trl_rows"]
@@ -202,6 +210,7 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        require_tested_trl("EpisodeGRPOTrainer")  # it drives TRL's private _generate_and_score_completions
         super().__init__(*args, **kwargs)
         func = self.rollout_func
         credit = func.credit if isinstance(func, RolloutFunction) else "episode"  # not one: refused at the first step
@@ -221,16 +230,14 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
                 )
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        trainer: Any = self  # TRL's private internals are patched below: typed loosely on purpose
+        trainer: Any = self  # TRL is untyped
         func = self.rollout_func
         if not isinstance(func, RolloutFunction):
             raise ConfigError(f"EpisodeGRPOTrainer needs rollout_func=make_rollout_func(...), got {func!r:.80}.")
         _check_processes(func, self.accelerator.num_processes)
         mode = "train" if trainer.model.training else "eval"
         prompts = [x["prompt"] for x in inputs]
-        if self.use_vllm and self.state.global_step != self._last_loaded_step:  # as GRPOTrainer._generate does
-            self.vllm_generation.sync_weights()
-            self._last_loaded_step = self.state.global_step
+        sync_weights_once_per_step(self)
         rollouts = func.rollouts(prompts, self)
         advantages, rewards_per_func = self._score_episodes(inputs, prompts, rollouts, mode)  # every process's
         start = self.accelerator.process_index * len(rollouts)  # this process's episodes, in TRL's gathered order
@@ -255,29 +262,16 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
         if per_token is not None:  # a row's logged advantage: the mean over its model tokens
             row_advantages = torch.tensor([_mean_on(a, m) for a, m in zip(per_token, rows["env_mask"], strict=False)]
                                           + [0.0] * pad)  # fmt: skip
-        saved = {k: self.__dict__[k] for k in ("rollout_func", "_calculate_rewards") if k in self.__dict__}
-        try:
-            trainer.rollout_func = lambda _prompts, _trainer: rows
-            trainer._calculate_rewards = lambda *_args: row_rewards  # TRL's own statistics are replaced below
-            setattr(self, generations, 1)
+        with scoring_rows(self, rows, row_rewards, generations):  # TRL's own statistics are replaced below
             output = super()._generate_and_score_completions(row_inputs)
-        finally:
-            setattr(self, generations, group)
-            for k in ("rollout_func", "_calculate_rewards"):
-                self.__dict__.pop(k, None)
-            trainer.__dict__.update(saved)
         output["advantages"] = row_advantages.to(output["advantages"].device)
         if per_token is not None:  # (rows, completion length): each model token its turn's advantage, the rest 0
             table = torch.zeros(output["completion_ids"].shape, dtype=torch.float32)
             for i, values in enumerate(per_token):
                 table[i, : len(values)] = torch.tensor(values, dtype=torch.float32)
             output["advantages"] = table.to(output["advantages"].device)
-        logged = trainer._logs["advantages"]  # a deque: replace the row advantages TRL just logged (every process's)
-        every = self.accelerator.gather(row_advantages.to(rewards_per_func.device)).tolist()
-        kept = min(len(every), len(logged))  # a bounded deque may hold fewer
-        for _ in range(kept):
-            logged.pop()
-        logged.extend(every[len(every) - kept :])
+        every = self.accelerator.gather(row_advantages.to(rewards_per_func.device)).tolist()  # every process's rows
+        replace_logged_advantages(self, every)
         self._log_episode_stats(mode, advantages, rewards_per_func, group)
         return output  # type: ignore[no-any-return]  # trl is untyped
 
@@ -285,7 +279,7 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
         self, inputs: list[dict[str, Any]], prompts: list[Any], rollouts: list[Rollout], mode: str
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Reward functions on whole episodes, then one advantage per episode (TRL's rule, groups of episodes)."""
-        tokenizer = self._tokenizer
+        tokenizer = tokenizer_of(self)
         ids = [[t for row in r.rows for t in row.completion_ids] for r in rollouts]
         texts = [str(tokenizer.decode(i, skip_special_tokens=True)) for i in ids]
         conversational = isinstance(prompts[0], list)
@@ -331,7 +325,7 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
         groups = [credits[g : g + group] for g in range(0, len(credits), group)]
         advantages = [estimate(estimator, g) for g in groups]
         for key, value in credit_metrics(groups, advantages).items():
-            self._metrics[mode][key].append(value)
+            metrics(self, mode)[key].append(value)
         flat = [a for g in advantages for a in g][local]
         return [row for r, a in zip(rollouts, flat, strict=True) for row in token_advantages(r, a)]
 
@@ -339,14 +333,14 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
         self, mode: str, advantages: torch.Tensor, rewards_per_func: torch.Tensor, group: int
     ) -> None:
         """Replace the reward statistics TRL just logged per row with the episodes' (as GRPOTrainer logs them)."""
-        metrics = self._metrics[mode]
+        logged = metrics(self, mode)
         weighted = (rewards_per_func * self.reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
         weighted[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
         for i, name in enumerate(self.reward_func_names):
-            metrics[f"rewards/{name}/mean"][-1] = torch.nanmean(rewards_per_func[:, i]).item()
-            metrics[f"rewards/{name}/std"][-1] = nanstd(rewards_per_func[:, i]).item()
-        metrics["reward"][-1] = torch.nanmean(weighted).item()
-        metrics["reward_std"][-1] = nanstd(weighted).item()
+            logged[f"rewards/{name}/mean"][-1] = torch.nanmean(rewards_per_func[:, i]).item()
+            logged[f"rewards/{name}/std"][-1] = nanstd(rewards_per_func[:, i]).item()
+        logged["reward"][-1] = torch.nanmean(weighted).item()
+        logged["reward_std"][-1] = nanstd(weighted).item()
         std = nanstd(weighted.view(-1, group), dim=1) if group > 1 else torch.zeros(len(weighted) // group)
-        metrics["frac_reward_zero_std"][-1] = torch.isclose(std, torch.zeros_like(std)).float().mean().item()
-        metrics["episodes"].append(float(len(advantages)))
+        logged["frac_reward_zero_std"][-1] = torch.isclose(std, torch.zeros_like(std)).float().mean().item()
+        logged["episodes"].append(float(len(advantages)))

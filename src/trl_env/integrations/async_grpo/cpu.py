@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trl_env.errors import ConfigError
+from trl_env.integrations.trl_internals import patch_async_for_cpu
 
 
 class _SdpaVarlen:
@@ -79,13 +79,4 @@ def patch_for_cpu() -> None:
     Raises:
         ConfigError: when TRL's async module lacks the patched names (a TRL version this was not written for).
     """
-    from trl.experimental.async_grpo import async_grpo_trainer, packing
-
-    for module, name in ((packing, "_flash_attn"), (async_grpo_trainer, "get_peak_flops_per_device")):
-        if not hasattr(module, name):
-            raise ConfigError(
-                f"trl_env.integrations.async_grpo.patch_for_cpu: {module.__name__}.{name} does not exist in this "
-                "TRL version; the CPU workaround was written for trl 1.16 and may no longer be needed."
-            )
-    packing._flash_attn = _SdpaVarlen  # type: ignore[assignment]  # tree_attention calls it for the kernel module
-    async_grpo_trainer.get_peak_flops_per_device = lambda accelerator, dtype: None  # type: ignore[assignment]
+    patch_async_for_cpu(_SdpaVarlen)

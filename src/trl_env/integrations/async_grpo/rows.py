@@ -18,6 +18,7 @@ import numpy as np
 
 from trl_env.credit import EpisodeCredit, credit_metrics
 from trl_env.integrations.metrics import log_metrics
+from trl_env.integrations.trl_internals import rollout_sample_type
 from trl_env.rollout import Rollout
 from trl_env.rollout.records import Row, Turn
 
@@ -77,9 +78,7 @@ class GroupRecord:
 @functools.cache
 def _rollout_sample() -> type[RolloutSample]:
     """TRL's ``RolloutSample`` (importing ``trl.experimental.async_grpo`` takes seconds: done once, in ``__init__``)."""
-    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
-
-    return RolloutSample
+    return rollout_sample_type()
 
 
 RowVersions = Callable[[Sequence[Turn]], tuple[int, int] | None]

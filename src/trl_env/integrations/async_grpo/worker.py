@@ -49,6 +49,7 @@ from trl_env.integrations.options import (
     RolloutOptions,
     TranscriptKeywords,
 )
+from trl_env.integrations.trl_internals import require_tested_trl
 from trl_env.isolation import isolated
 from trl_env.processors.base import Processor, check_processor
 from trl_env.rollout import Ending, History, Rollout, batch_rollout
@@ -163,6 +164,7 @@ class TrlEnvRolloutWorker:
         on_group: Callable[[GroupRecord, list[Rollout]], None] | None = None,
         **options: Unpack[WorkerOptions],
     ) -> None:
+        require_tested_trl("TrlEnvRolloutWorker")  # it builds TRL's experimental RolloutSample
         if not callable(env_factory):
             raise ConfigError(
                 f"env_factory={env_factory!r} is not callable; pass the env class or a function that returns a "

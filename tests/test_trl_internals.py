@@ -1,0 +1,159 @@
+"""The TRL coupling: the tested range is the declared one, the internal features refuse any other TRL at construction,
+and the behaviour of every TRL internal trl-env relies on (trl_env/integrations/trl_internals.py) is pinned here, so
+that a TRL change fails this file, not a training run."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+import tomllib
+import torch
+from helpers import GuessEnv, ScriptedGenerator
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+from trl_env import ChatMLProcessor, ConfigError, env_reward, make_rollout_func
+from trl_env.integrations import trl_internals
+from trl_env.integrations.trl_internals import TESTED_TRL, TESTED_TRL_VERSIONS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def grpo_config(tmp_path, **config):
+    from trl import GRPOConfig
+
+    settings = dict(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2, max_steps=1,
+                    max_completion_length=32, logging_steps=1, report_to=[], save_strategy="no", use_cpu=True,
+                    bf16=False, seed=0) | config  # fmt: skip
+    return GRPOConfig(**settings)
+
+
+def sampler(tokenizer):
+    return ScriptedGenerator(range(10, 60), tokenizer.convert_tokens_to_ids("<|im_end|>"), p_stop=0.3)
+
+
+def dataset():
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": ["1", "2"] * 4})
+
+
+def test_the_declared_trl_range_is_the_tested_range_and_the_installed_trl_is_in_it():
+    import trl
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    (declared,) = [Requirement(d) for d in project["dependencies"] if Requirement(d).name == "trl"]
+    assert declared.specifier == TESTED_TRL
+    assert Version(trl.__version__) in TESTED_TRL
+    assert all(Version(v) in TESTED_TRL for v in TESTED_TRL_VERSIONS.split(", "))
+
+
+@pytest.mark.parametrize("version", ["1.17.0", "1.19.0", "1.15.2"])
+def test_episode_trainer_and_async_worker_refuse_an_untested_trl_at_construction(
+    tmp_path, model, tokenizer, monkeypatch, version
+):
+    """Never an ImportError deep inside or a wrong advantage: a ConfigError naming both versions, before any work."""
+    import trl
+
+    from trl_env.integrations.async_grpo import TrlEnvRolloutWorker
+    from trl_env.integrations.rows import EpisodeGRPOTrainer
+
+    func = make_rollout_func(GuessEnv, ChatMLProcessor(), generator=sampler(tokenizer))
+    monkeypatch.setattr(trl, "__version__", version)
+    expected = rf"EpisodeGRPOTrainer relies on TRL internals checked on trl 1\.16\.0 .*trl {re.escape(version)} is"
+    with pytest.raises(ConfigError, match=expected):
+        EpisodeGRPOTrainer(model=model, reward_funcs=env_reward, args=grpo_config(tmp_path), processing_class=tokenizer,
+                           train_dataset=dataset(), rollout_func=func)  # fmt: skip
+    with pytest.raises(ConfigError, match=rf"TrlEnvRolloutWorker .*trl {re.escape(version)} is installed"):
+        TrlEnvRolloutWorker(GuessEnv, ChatMLProcessor(), tokenizer, seeds=["1"], generator="http://127.0.0.1:9")
+
+
+def test_plain_make_rollout_func_keeps_working_on_a_newer_trl_with_the_public_hook(
+    tmp_path, model, tokenizer, monkeypatch
+):
+    """Only TRL's public rollout_func contract is used on this path: a real step with TRL reporting 1.19.0."""
+    import trl
+    from trl import GRPOTrainer
+
+    monkeypatch.setattr(trl, "__version__", "1.19.0")
+    gen = sampler(tokenizer)
+    func = make_rollout_func(GuessEnv, ChatMLProcessor(), generator=gen, max_turns=2)
+    trainer = GRPOTrainer(model=model, reward_funcs=env_reward, args=grpo_config(tmp_path), processing_class=tokenizer,
+                          train_dataset=dataset(), rollout_func=func)  # fmt: skip
+    trainer.train()
+    assert trainer.state.global_step == 1 and gen.requests
+
+
+# --- the pins: what each TRL internal in trl_internals.py does on the installed TRL --------------------------------
+
+
+def test_pin_calculate_rewards_signature_and_private_attributes(tmp_path, model, tokenizer):
+    from trl import GRPOTrainer
+
+    assert trl_internals.reward_signature_error(GRPOTrainer) is None
+    func = make_rollout_func(GuessEnv, ChatMLProcessor(), generator=sampler(tokenizer))
+    trainer = GRPOTrainer(model=model, reward_funcs=env_reward, args=grpo_config(tmp_path), processing_class=tokenizer,
+                          train_dataset=dataset(), rollout_func=func)  # fmt: skip
+    assert trl_internals.tokenizer_of(trainer) is tokenizer
+    assert isinstance(trainer._logs["advantages"], collections.deque)
+    assert set(trainer._metrics) == {"train", "eval"}
+    assert isinstance(trl_internals.metrics(trainer, "train"), collections.defaultdict)
+    generate = inspect.getsource(GRPOTrainer._generate)  # what sync_weights_once_per_step replays
+    assert "self.state.global_step != self._last_loaded_step" in generate
+    assert "self.vllm_generation.sync_weights()" in generate
+    assert {"num_generations", "num_generations_eval", "reward_weights", "reward_func_names", "scale_rewards",
+            "multi_objective_aggregation"} <= set(vars(trainer))  # fmt: skip
+
+
+def test_pin_generate_and_score_completions_takes_swapped_rows_and_logs_one_value_per_key(tmp_path, model, tokenizer):
+    """What EpisodeGRPOTrainer relies on: with scoring_rows, TRL uses the rows and rewards given, in groups of one,
+    appends exactly one value per metric key and one advantage per row to its logs, and returns these keys."""
+    from trl import GRPOTrainer
+
+    func = make_rollout_func(GuessEnv, ChatMLProcessor(), generator=sampler(tokenizer))
+    trainer = GRPOTrainer(model=model, reward_funcs=env_reward, args=grpo_config(tmp_path), processing_class=tokenizer,
+                          train_dataset=dataset(), rollout_func=func)  # fmt: skip
+    trainer.model.train()
+    ids = tokenizer.encode("hello there", add_special_tokens=False)
+    rows = {"prompt_ids": [ids, ids[:1], ids], "completion_ids": [[5, 6, 7], [8], [9, 10]],
+            "logprobs": [[-0.1, -0.2, -0.3], [-0.4], [-0.5, -0.6]], "env_mask": [[1, 0, 1], [1], [0, 0]]}  # fmt: skip
+    rewards = torch.tensor([[1.0], [2.0], [float("nan")]])
+    before = {k: len(v) for k, v in trl_internals.metrics(trainer, "train").items()}
+    logged_before = len(trainer._logs["advantages"])
+    with trl_internals.scoring_rows(trainer, rows, rewards, "num_generations"):
+        assert trainer.num_generations == 1
+        output = trainer._generate_and_score_completions([{"prompt": "1"}, {"prompt": "2"}, {"prompt": "1"}])
+    assert trainer.num_generations == 2 and trainer.rollout_func is func  # restored
+    assert "_calculate_rewards" not in vars(trainer)  # the class's method again
+    assert {"prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "num_items_in_batch",
+            "sampling_per_token_logps", "tool_mask"} <= set(output)  # fmt: skip
+    assert output["completion_ids"][0].tolist() == [5, 6, 7]
+    assert output["tool_mask"][0].tolist() == [1, 0, 1]  # env_mask becomes TRL's tool_mask
+    assert output["sampling_per_token_logps"][1, 0].item() == pytest.approx(-0.4)
+    assert output["advantages"].tolist() == [0.0, 0.0, 0.0]  # groups of one: reward minus its own mean
+    metrics = trl_internals.metrics(trainer, "train")
+    assert all(len(v) == before.get(k, 0) + 1 for k, v in metrics.items() if k.startswith(("reward", "frac_")))
+    assert len(trainer._logs["advantages"]) == logged_before + 3
+    trl_internals.replace_logged_advantages(trainer, [0.5, -0.5, 0.0])
+    assert list(trainer._logs["advantages"])[-3:] == [0.5, -0.5, 0.0]
+
+
+def test_pin_async_rollout_sample_fields_and_cpu_patch_targets():
+    from trl.experimental.async_grpo import async_grpo_trainer, packing
+
+    sample = trl_internals.rollout_sample_type()
+    passed = {"prompt", "completion", "input_ids", "completion_mask", "old_log_probs", "advantage", "model_version",
+              "metrics", "group_id"}  # what async_grpo/rows.py gives each sample  # fmt: skip
+    fields = {f.name: f for f in dataclasses.fields(sample)}
+    assert passed <= set(fields)
+    required = {
+        n for n, f in fields.items() if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    }
+    assert required <= passed, f"RolloutSample needs {sorted(required - passed)} too"
+    assert hasattr(packing, "_flash_attn") and callable(async_grpo_trainer.get_peak_flops_per_device)
+    assert "rollout_worker" in inspect.signature(async_grpo_trainer.AsyncGRPOTrainer.__init__).parameters
