@@ -38,6 +38,8 @@ class Attack:
     code: str
     hidden_refusal: bool = False
     """A refusal the code tries to hide: with the audit hook on, the status must still be ``refused``."""
+    forged: tuple[str, ...] = ()
+    """Statuses the code tries to make the parent report without earning them: the run must never end with one."""
 
 
 A = Attack
@@ -54,7 +56,7 @@ ATTACKS = [
       "    if d != os.getcwd():\n        attempt(lambda: os.remove(d + '/main.py'))\n"
       "        attempt(lambda: os.symlink('@SECRET@', d + '/main.py'))\n        escaped('sees sibling ' + d)"),
     A("proc-of-siblings", "siblings", "pids = [p for p in os.listdir('/proc') if p.isdigit()]\n"
-      "if len(pids) > 1:\n    escaped(f'sees other processes {pids}')"),
+      "if set(pids) - {'1', str(os.getpid())}:\n    escaped(f'sees other processes {pids}')"),  # 1: its monitor
     A("kill-trainer", "signals", "attempt(lambda: os.kill(@TRAINER@, 9))"),
     A("kill-ppid", "signals", "attempt(lambda: os.kill(os.getppid(), 9))\nattempt(lambda: os.killpg(0, 9))\n"
       "print('ok')"),
@@ -184,6 +186,51 @@ ATTACKS = [
       "except OSError as e:\n    print(len(fds), e)\nif len(fds) > 100:\n    escaped(len(fds))"),
     A("output-flood", "resources", "while True:\n    print('y' * 10000)"),
     A("sleep-forever", "resources", "import time\ntime.sleep(3600)"),
+    # memory outside the address space (RLIMIT_AS counts only what is mapped): SysV shared memory and message
+    # queues, POSIX message queues; the sandbox's limit is 256 MiB
+    A("sysv-shm-320m", "resources", LIBC + "libc.shmat.restype = ctypes.c_void_p\nheld = 0\n"
+      "for _ in range(5):\n    i = libc.shmget(0, 2**26, 0o1600)\n    a = libc.shmat(i, None, 0) if i >= 0 else None\n"
+      "    if a in (None, 2**64 - 1):\n        break\n    ctypes.memset(a, 1, 2**26)\n"
+      "    libc.shmdt(ctypes.c_void_p(a))\n    held += 64\n"
+      "if held > 256:\n    escaped(f'{held} MiB of SysV shared memory held, detached, beyond RLIMIT_AS')"),
+    A("sysv-msg-queue", "resources", LIBC + "q = libc.msgget(0, 0o1600)\nmsg = ctypes.create_string_buffer(8 + 8000)\n"
+      "ctypes.memset(msg, 1, 8)\nif q >= 0 and libc.msgsnd(q, msg, 8000, 0o4000) == 0:\n"
+      "    escaped('a SysV message queue holds kernel memory outside RLIMIT_AS')"),
+    A("posix-mq", "resources", LIBC + "q = libc.mq_open(b'/q', 0o102, 0o600, None)\nif q >= 0:\n"
+      "    escaped('a POSIX message queue holds kernel memory outside RLIMIT_AS')"),
+    # socket families the network namespace does not cover (AF_VSOCK reaches the hypervisor's host), or that reach
+    # kernel-wide state (netlink's uevents, audit), or add kernel surface (AF_ALG crypto, packet sockets)
+    A("vsock", "network", "import socket\ns = attempt(lambda: socket.socket(40, socket.SOCK_STREAM))\n"
+      "if s:\n    escaped('an AF_VSOCK socket')\n"
+      "    attempt(lambda: s.connect((2, 22)))"),
+    A("netlink-uevent", "network", "import socket\ns = attempt(lambda: socket.socket(16, socket.SOCK_DGRAM, 15))\n"
+      "if s:\n    escaped('a netlink socket')"),
+    A("af-alg", "network", "import socket\ns = attempt(lambda: socket.socket(38, socket.SOCK_SEQPACKET))\n"
+      "if s:\n    escaped('an AF_ALG socket')"),
+    # switching the audit hook off quietly: refused modules loaded under another name, the hook's own helpers
+    A("subinterpreter-other-name", "disable", "import _imp, importlib.util, glob\n"
+      "f = [g for p in sys.path for g in glob.glob(p + '/_xxsubinterpreters.*')]\nif f:\n"
+      "    m = _imp.create_dynamic(importlib.util.spec_from_file_location('x._xxsubinterpreters', f[0]))\n"
+      "    m.run_string(m.create(), 'open(\"/etc/passwd\")')\n"
+      "else:  # built in (not a file): refused by name\n    attempt(lambda: open('/etc/passwd'))", hidden_refusal=True),
+    A("ctypes-other-name", "disable", "import _imp, importlib.util, glob\n"
+      "f = [g for p in sys.path for g in glob.glob(p + '/_ctypes.*')]\n"
+      "m = _imp.create_dynamic(importlib.util.spec_from_file_location('x._ctypes', f[0]))\n"
+      "print('loaded', m)  # native memory access with no audit event: the load itself is the refusal",
+      hidden_refusal=True),
+    A("hook-helper-defaults-none", "disable",
+      "attempt(lambda: setattr(sys.modules['__main__'].allowed, '__defaults__', None))\n"
+      "attempt(lambda: open('/etc/passwd'))", hidden_refusal=True),
+    # forging the status the trainer is told
+    A("long-refusal-line", "disable", "attempt(lambda: open('/etc/os-release' + '/' * 70000))",
+      hidden_refusal=True),
+    A("refused-then-exit-152", "disable", "attempt(lambda: open('/etc/passwd'))\nos._exit(152)",
+      hidden_refusal=True, forged=("timeout",)),
+    A("exit-159", "disable", "os._exit(159)", forged=("refused", "killed", "timeout")),
+    A("exit-137", "disable", "os._exit(137)", forged=("refused", "killed", "timeout")),
+    A("fake-end-memory", "disable", "import json\nchan = json.loads(sys.argv[1])['channel']\n"
+      "attempt(lambda: open('/etc/passwd'))\nattempt(lambda: os.write(chan, b'\\nend memory\\n'))\nos._exit(0)",
+      hidden_refusal=True),
 ]  # fmt: skip
 
 
@@ -286,6 +333,8 @@ def judge(attack: Attack, hook: bool, result, host: Host) -> Outcome:
         why.append(
             f"refusal hidden: status {result.status.value} (exit {result.exit_code}, stderr {result.stderr[-300:]!r})"
         )
+    if result.status.value in attack.forged:
+        why.append(f"forged status {result.status.value} (exit {result.exit_code}, refused {result.refused!r})")
     if os.path.exists(result.workdir):
         why.append(f"work dir left on the host: {result.workdir}")
     return Outcome(attack.name, attack.category, hook, result.status.value, result.refused, not why, "; ".join(why))

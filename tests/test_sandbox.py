@@ -7,10 +7,15 @@ kernel layers (bwrap's namespaces, the `nobody` user, RLIMIT_NPROC) hold on thei
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import signal
 import socket
+import struct
+import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -300,3 +305,153 @@ def test_endless_output_is_capped_and_stopped():
     result = run("while True:\n    print('y' * 1000)")
     assert result.status is SandboxStatus.TIMEOUT and result.truncated
     assert len(result.stdout) == FAST.max_output_bytes
+
+
+# -- issue 36: what the trainer is told, what outlives it, what the kernel bounds --------------------------------
+
+
+TRAINER = """
+import sys
+sys.path.insert(0, {src!r})
+from trl_env.sandbox import PRELOAD, Sandbox
+print("running", flush=True)
+Sandbox(cpu_seconds=5, wall_seconds=120, preload=PRELOAD + ({marker!r},)).run("import time\\ntime.sleep(600)")
+"""
+
+
+def processes_with(marker: str) -> dict[int, str]:
+    """Host processes whose command line holds ``marker`` (the sandbox's config names its preload list)."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline:
+            found[int(pid)] = cmdline.replace("\0", " ")[:100]
+    return found
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_no_sandboxed_process_outlives_a_killed_trainer(sig):
+    marker = f"trl_env_marker_{os.urandom(6).hex()}"  # not a module: its import fails quietly before the code runs
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    trainer = subprocess.Popen([sys.executable, "-c", TRAINER.format(src=src, marker=marker)], stdout=subprocess.PIPE)
+    started: dict[int, str] = {}
+    try:
+        assert trainer.stdout is not None and trainer.stdout.readline() == b"running\n"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any("child.py" in c and "bwrap" not in c for c in started.values()):
+            time.sleep(0.05)
+            started = processes_with(marker)
+        assert any("child.py" in c and "bwrap" not in c for c in started.values()), started
+        time.sleep(0.3)  # the code is past its start-up (privileges dropped) and asleep
+        trainer.send_signal(sig)
+        trainer.wait(10)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and processes_with(marker):
+            time.sleep(0.05)
+        assert processes_with(marker) == {}, f"outlived the trainer: {processes_with(marker)}"
+    finally:
+        trainer.kill()
+        for pid in processes_with(marker):  # only processes this test started (their command line has its marker)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("exit_code", [137, 152, 159])
+def test_an_exit_code_above_128_is_an_exit_code_not_a_signal(exit_code):
+    result = run(f"import os\nos._exit({exit_code})", KERNEL_ONLY)
+    assert (result.status, result.exit_code, result.refused) == (SandboxStatus.ERROR, exit_code, "")
+
+
+def test_a_refusal_is_not_hidden_by_an_exit_code_the_code_chooses():
+    result = run("try:\n    open('/etc/passwd')\nexcept OSError:\n    pass\nimport os\nos._exit(152)")
+    assert result.status is SandboxStatus.REFUSED and result.exit_code == 152 and "/etc/passwd" in result.refused
+
+
+def test_a_refusal_with_a_long_message_is_reported():
+    result = run("try:\n    open('/etc/os-release' + '/' * 70000)\nexcept OSError:\n    pass")
+    assert result.status is SandboxStatus.REFUSED and result.refused.startswith("open '/etc/os-release///")
+
+
+@pytest.mark.parametrize("value", ["None", "()"])
+def test_the_hooks_helpers_cannot_be_rewired_to_break_it(value):
+    code = (
+        f"import sys\ntry:\n    sys.modules['__main__'].allowed.__defaults__ = {value}\nexcept Exception:\n    pass\n"
+    )
+    result = run(code + "try:\n    open('/etc/passwd')\nexcept Exception:\n    pass")
+    assert result.status is SandboxStatus.REFUSED, result
+
+
+@pytest.mark.parametrize("module", ["_ctypes", "_xxsubinterpreters"])
+def test_a_refused_extension_module_under_another_name_is_refused(module):
+    code = (
+        "import _imp, glob, importlib.util, sys\n"
+        f"path = [g for p in sys.path for g in glob.glob(p + '/{module}.*')][0]\n"
+        f"_imp.create_dynamic(importlib.util.spec_from_file_location('x.{module}', path))"
+    )
+    result = run(code)
+    assert result.status is SandboxStatus.REFUSED and module in result.refused, result
+
+
+def test_extension_modules_still_load_under_their_own_names():
+    # lib-dynload (_json, math) and, with site_packages, a package's own (markupsafe._speedups, yaml's _yaml)
+    code = "import math, _json, markupsafe._speedups, yaml\nprint(markupsafe.escape('<'), yaml.__with_libyaml__)"
+    result = run(code, dataclasses.replace(FAST, site_packages=True))
+    assert result.status is SandboxStatus.OK and result.stdout == "&lt; True\n", result.stderr[-2000:]
+
+
+def test_cpu_time_is_counted_for_a_run_stopped_at_the_wall_clock():
+    result = run("while True:\n    pass", dataclasses.replace(FAST, cpu_seconds=10, wall_seconds=1.5))
+    assert result.status is SandboxStatus.TIMEOUT and result.cpu_s > 0.3, result
+
+
+SHM = "import ctypes\nlibc = ctypes.CDLL(None)\nprint(libc.shmget(0, 2**20, 0o1600))"
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        SHM,
+        "import ctypes\nprint(ctypes.CDLL(None).msgget(0, 0o1600))",
+        "import ctypes\nprint(ctypes.CDLL(None).mq_open(b'/q', 0o102, 0o600, None))",
+    ],
+    ids=["shmget", "msgget", "mq_open"],
+)
+def test_kernel_alone_refuses_memory_outside_the_address_space(code, kernel_layers):
+    if "seccomp" not in kernel_layers:
+        pytest.skip("no seccomp filter on this architecture")
+    result = run(code, KERNEL_ONLY)
+    assert result.status is SandboxStatus.REFUSED and "seccomp" in result.refused, result
+
+
+@pytest.mark.parametrize("family", [40, 38, 17], ids=["AF_VSOCK", "AF_ALG", "AF_PACKET"])
+def test_kernel_alone_refuses_socket_families_outside_the_threat_model(family, kernel_layers):
+    if "seccomp" not in kernel_layers:
+        pytest.skip("no seccomp filter on this architecture")
+    result = run(f"import socket\nsocket.socket({family}, socket.SOCK_DGRAM)", KERNEL_ONLY)
+    assert result.status is SandboxStatus.REFUSED and "seccomp" in result.refused, result
+
+
+def test_kernel_alone_allows_unix_and_inet_sockets_and_fails_netlink(kernel_layers):
+    code = (
+        "import socket\na, b = socket.socketpair()\na.send(b'x')\nprint(b.recv(1))\nsocket.socket().close()\n"
+        "socket.socket(socket.AF_INET6).close()\n"
+        "try:\n    socket.socket(16, socket.SOCK_DGRAM, 15)\nexcept OSError as e:\n    print(e.errno)"
+    )
+    result = run(code, KERNEL_ONLY)
+    assert result.status is SandboxStatus.OK and result.stdout.startswith("b'x'\n"), result
+    if "seccomp" in kernel_layers:
+        assert result.stdout == "b'x'\n97\n"  # EAFNOSUPPORT
+
+
+def test_the_filter_checks_socket_families_on_every_architecture_it_covers():
+    from trl_env.sandbox import seccomp
+
+    for machine in ("x86_64",):
+        program = seccomp.program(machine)
+        assert program is not None
+        words = {struct.unpack("=HBBI", program[i : i + 8])[3] for i in range(0, len(program), 8)}
+        assert {41, 53} <= words and {1, 2, 10} <= words  # socket, socketpair; AF_UNIX, AF_INET, AF_INET6

@@ -42,12 +42,16 @@ def test_every_attack_is_contained_with_and_without_the_audit_hook():
     assert_all_contained(outcomes, damage)
     by_name = {(o.name, o.audit_hook): o for o in outcomes}
     # what the kernel refuses is reported by the parent (SIGSYS), whatever the code does
-    for name in ("mkfifo", "mknod-device", "memfd", "pidfd-siblings", "ctypes-mount", "ctypes-bpf"):
+    kernel_refused = ("mkfifo", "mknod-device", "memfd", "pidfd-siblings", "ctypes-mount", "ctypes-bpf")
+    for name in (*kernel_refused, "sysv-shm-320m", "sysv-msg-queue", "posix-mq", "vsock"):
         assert by_name[name, False].status == "refused" and "seccomp" in by_name[name, False].refused, name
     # the hook's refusals are reported even when the code hides them (closed, replaced or flooded status channel)
-    for name in ("close-status-fd", "replace-status-fd", "flood-status-fd", "gc-hook-rewire", "setprofile-event"):
+    hidden = ("close-status-fd", "replace-status-fd", "flood-status-fd", "gc-hook-rewire", "setprofile-event")
+    for name in (*hidden, "long-refusal-line", "hook-helper-defaults-none", "ctypes-other-name", "fake-end-memory"):
         assert by_name[name, True].status == "refused", name
     assert by_name["disk-fill", False].status == "ok" and by_name["sleep-forever", False].status == "timeout"
+    # an exit code is the code's exit code, whatever number it picks (bwrap would pass it on as 128 + a signal)
+    assert {by_name["exit-159", hook].status for hook in (True, False)} == {"error"}
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch to an ordinary user")

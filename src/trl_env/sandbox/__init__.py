@@ -2,8 +2,9 @@
 
 Each run is a fresh interpreter (``python -I -S``) inside bubblewrap (``bwrap``): its own mount, PID, network,
 IPC and UTS namespaces, a read-only view of the interpreter's files plus a size-limited writable tmpfs, a
-seccomp filter, ``no_new_privs``, rlimits, the ``nobody`` user when running as root, and a PEP 578 audit hook
-that refuses early and by name (a tripwire, not the boundary). Linux only. Threat model: docs/examples.md.
+seccomp filter, ``no_new_privs``, rlimits, the ``nobody`` user when running as root, a monitor as PID 1 (dies with
+the trainer, reports the code's real exit status) and a PEP 578 audit hook that refuses early and by name (a
+tripwire, not the boundary). Linux only. Threat model: docs/examples.md.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -30,6 +32,7 @@ from trl_env.sandbox.launch import (
     _memfd,
     _nobody,
     _prefixes,
+    _read_report,
     _rlimit,
     _wait_exit,
 )
@@ -51,6 +54,8 @@ CHILD_IN_SANDBOX = "/.trl_env_sandbox/child.py"  # where the sandbox sees it (bo
 WORK_PARENT = "/tmp"
 """The sandbox's working directory is ``WORK_PARENT/trl_env_sandbox_<random>``, a tmpfs that exists only in
 the sandbox's own mount namespace (nothing is created on the host)."""
+MONITOR_GRACE = 1.0
+"""Seconds past ``wall_seconds`` after which the parent kills the whole sandbox itself, should the monitor not have."""
 REFUSED_EXIT = 125
 """The child's exit code when the code tampered with the status channel at a refusal (see child.py)."""
 REFUSED_SYSCALL = "a system call the sandbox forbids (seccomp: mknod/mkfifo, memfd, pidfd, ptrace, mount, ...)"
@@ -64,13 +69,15 @@ class SandboxStatus(str, Enum):
     ERROR = "error"
     """An uncaught exception (the traceback is in ``stderr``) or a non-zero exit code."""
     TIMEOUT = "timeout"
-    """It used up its CPU time or wall-clock time and was killed."""
+    """It used up its CPU time or wall-clock time and was killed (decided from the parent's clock and the code's
+    CPU time, never from an exit code)."""
     MEMORY = "memory"
     """It hit the memory limit (an uncaught ``MemoryError``)."""
     KILLED = "killed"
     """A signal ended it (e.g. a segfault, or the kernel's OOM killer)."""
     REFUSED = "refused"
-    """It tried something the sandbox forbids (write outside its directory, network, subprocess...)."""
+    """It tried something the sandbox forbids (write outside its directory, network, subprocess...); decided first:
+    whatever the code does after a refusal (an exit code, a timeout, a forged ``end`` line) does not hide it."""
 
 
 @dataclass(frozen=True)
@@ -83,11 +90,11 @@ class SandboxResult:
     stderr: str
     """Standard error (tracebacks, refusals), cut at ``max_output_bytes``."""
     exit_code: int
-    """The process's exit code; negative: killed by that signal (as ``Popen.returncode``)."""
+    """The code's exit code; negative: killed by that signal (as ``Popen.returncode``), from its real wait status."""
     elapsed_s: float
     """Wall-clock seconds, interpreter start-up included."""
     cpu_s: float = 0.0
-    """User + system CPU seconds of the process."""
+    """User + system CPU seconds of the code's process (also when the wall clock stopped it)."""
     truncated: bool = False
     """Whether stdout or stderr was longer than ``max_output_bytes`` (the rest was discarded)."""
     refused: str = ""
@@ -121,9 +128,11 @@ class Sandbox:
     cpu_seconds: int = 5
     """CPU-time limit in whole seconds (RLIMIT_CPU, soft = hard: SIGKILL)."""
     wall_seconds: float = 10.0
-    """Wall-clock limit; then the process group is killed (catches ``sleep`` and blocking reads)."""
+    """Wall-clock limit; then the monitor kills the code (catches ``sleep`` and blocking reads), and a second later
+    the parent kills the whole sandbox if anything is left."""
     memory_bytes: int = 256 * 2**20
-    """Address-space limit (RLIMIT_AS); allocations beyond it raise ``MemoryError``."""
+    """Address-space limit (RLIMIT_AS); allocations beyond it raise ``MemoryError``. Memory the code could hold
+    outside its address space (SysV and POSIX IPC, memfds) is refused by the seccomp filter."""
     disk_bytes: int = 64 * 2**20
     """Size of the writable working directory (a tmpfs: it is memory, outside ``memory_bytes``)."""
     max_output_bytes: int = 8192
@@ -169,15 +178,17 @@ class Sandbox:
         if filter_program is not None:
             fds.append(_memfd("seccomp", filter_program))
         chan_r, chan_w = os.pipe()
-        info_r, info_w = os.pipe()  # bwrap says there which host pid the code got
-        fds += [chan_w, info_w]
-        config = self._child_config(workdir, chan_w, uid, gid, cpu)
+        info_r, info_w = os.pipe()  # bwrap says there which host pid the monitor (PID 1) got
+        report_r, report_w = socket.socketpair()  # the monitor's report: a socket, never reopened via /proc/N/fd
+        fds += [chan_w, info_w, report_w.detach()]
+        started = time.monotonic()
+        deadline = started + self.wall_seconds  # the monitor kills the code then (same monotonic clock)
+        backstop = deadline + MONITOR_GRACE  # and this process kills the whole sandbox then
+        config = self._child_config(workdir, chan_w, fds[-1], deadline, uid, gid, cpu)
         bwrap_argv, layers = self._bwrap_argv(workdir, fds[0], fds[1] if filter_program is not None else None, root)
         bwrap_argv += ["--info-fd", str(info_w)]
         argv = [self.python, "-I", "-B", "-u", "-X", "utf8"] + ([] if self.site_packages else ["-S"])
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir}
-        started = time.monotonic()
-        deadline = started + self.wall_seconds
         try:
             proc = subprocess.Popen(
                 [*bwrap_argv, "--", *argv, CHILD_IN_SANDBOX, json.dumps(config)],
@@ -192,29 +203,28 @@ class Sandbox:
         except BaseException:
             os.close(chan_r)
             os.close(info_r)
+            report_r.close()
             raise
         finally:
             for fd in fds:
                 os.close(fd)
-        code_pidfd = _code_process(info_r, proc.pid, deadline)
+        monitor_pidfd = _code_process(info_r, proc.pid, backstop)
         status_lines = _StatusLines()
-        with os.fdopen(chan_r, "rb") as channel, proc:  # closes the pipes at the end
+        with os.fdopen(chan_r, "rb") as channel, proc, report_r:  # closes the pipes at the end
             assert proc.stdout is not None and proc.stderr is not None
             try:
                 caps = {proc.stdout: self.max_output_bytes, proc.stderr: self.max_output_bytes}
-                kept, overflowed, timed_out = _collect(caps, deadline, channel, status_lines.feed)
+                kept, overflowed, timed_out = _collect(caps, backstop, channel, status_lines.feed)
                 if not timed_out:
-                    timed_out = not _wait_exit(proc.pid, deadline)
+                    timed_out = not _wait_exit(proc.pid, backstop)
             finally:  # even if this thread is interrupted: no process outlives run()
-                # The code is PID 1 of its namespace: killing it ends every process in there. It runs in a session
-                # of its own (--new-session) and --die-with-parent's signal is cleared when it becomes nobody, so
-                # killing bwrap's group alone would leave it running.
-                _kill_code(code_pidfd)
+                # The monitor is PID 1 of the sandbox's namespace: killing it ends every process in there.
+                _kill_code(monitor_pidfd)
                 _kill_group(proc.pid)  # before reaping, so the group id cannot have been reused
                 _, status, usage = os.wait4(proc.pid, 0)
                 proc.returncode = os.waitstatus_to_exitcode(status)
+            report = _read_report(report_r)
         elapsed = time.monotonic() - started
-        cpu_s = usage.ru_utime + usage.ru_stime
         stderr = kept[proc.stderr].decode("utf-8", "replace")
         if status_lines.layers is None and not timed_out and stderr.startswith("bwrap:"):
             raise SandboxUnavailableError(
@@ -223,24 +233,25 @@ class Sandbox:
                 "sysctl kernel.unprivileged_userns_clone=1 or, on Ubuntu, "
                 "kernel.apparmor_restrict_unprivileged_userns=0)"
             )
-        rc = proc.returncode
-        if rc > 128:  # bwrap reports a signal death of the code as 128 + the signal (as a shell does)
-            rc = -(rc - 128)
+        # The code's real wait status and CPU time come from the monitor (its parent, out of the code's reach), never
+        # from an exit code bwrap could only pass on as 128 + signal. No report: the backstop killed the sandbox, or
+        # it never started the code.
+        if report is not None:
+            rc, cpu_s = report
+        else:
+            rc, cpu_s = proc.returncode, usage.ru_utime + usage.ru_stime
+        sigkill = report is not None and rc == -signal.SIGKILL
+        # a SIGKILL the code cannot send itself in time: the monitor's at the deadline, by this process's clock; or
+        # RLIMIT_CPU's (or the OOM killer's): the kernel samples CPU time by ticks, so under load the run may stop
+        # measurably short of the limit (0.8 s of 1 s seen): half the limit tells the two apart
+        timed_out = timed_out or (sigkill and (started + elapsed >= deadline or cpu_s >= 0.5 * cpu))
         refused = status_lines.refused
-        if not refused and rc == -signal.SIGSYS:
+        if not refused and report is not None and rc == -signal.SIGSYS:
             refused = REFUSED_SYSCALL
-        elif not refused and rc == REFUSED_EXIT:
+        elif not refused and report is not None and rc == REFUSED_EXIT:
             refused = "an operation, after the code tampered with the sandbox's status channel"
         return SandboxResult(
-            status=_status(
-                rc,
-                # a SIGKILL we did not send: RLIMIT_CPU (the code is PID 1 of its namespace, nothing inside can
-                # kill it) or the OOM killer; the kernel samples CPU time by ticks, so under load the run may
-                # stop measurably short of the limit (0.8 s of 1 s seen): half the limit tells the two apart
-                timed_out=timed_out or (rc == -signal.SIGKILL and cpu_s >= 0.5 * cpu),
-                ended=status_lines.ended,
-                refused=refused,
-            ),
+            status=_status(rc, timed_out=timed_out, ended=status_lines.ended, refused=refused),
             stdout=kept[proc.stdout].decode("utf-8", "replace"),
             stderr=stderr,
             exit_code=rc,
@@ -265,8 +276,8 @@ class Sandbox:
             layers.append("netns")
         if root:  # no user namespace: the child keeps CAP_SETUID/CAP_SETGID only, to become nobody
             argv += ["--cap-drop", "ALL"]
-            if self.drop_privileges:
-                argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+            if self.drop_privileges:  # the code's process gives them up with root; the monitor kills it at the deadline
+                argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_KILL"]
         else:  # an ordinary user: a user namespace (bwrap drops every capability before running the code)
             argv.append("--unshare-user")
         for path in SYSTEM_DIRS:
@@ -292,12 +303,14 @@ class Sandbox:
         return argv, tuple(layers)
 
     def _child_config(
-        self, workdir: str, channel: int, uid: int | None, gid: int | None, cpu: int
+        self, workdir: str, channel: int, report: int, deadline: float, uid: int | None, gid: int | None, cpu: int
     ) -> dict[str, object]:
         """What the child process reads from its command line: where it runs, its limits, its layers."""
         return {
             "workdir": workdir,
             "channel": channel,
+            "report": report,
+            "deadline": deadline,
             "uid": uid,
             "gid": gid,
             "audit": self.audit_hook,
@@ -314,13 +327,16 @@ class Sandbox:
 
 
 def _status(rc: int, *, timed_out: bool, ended: str, refused: str) -> SandboxStatus:
-    """How a run ended, from its exit code and what the child reported on its channel."""
-    if timed_out or rc == -signal.SIGXCPU:
+    """How a run ended: a refusal first (nothing after it hides it), then a timeout, then the real exit status.
+
+    A timeout is what this process's clock and the code's CPU time say; ``memory`` is the child's ``end`` line.
+    """
+    if refused:
+        return SandboxStatus.REFUSED
+    if timed_out:
         return SandboxStatus.TIMEOUT
     if ended == "memory":
         return SandboxStatus.MEMORY
-    if refused:
-        return SandboxStatus.REFUSED
     if rc < 0:
         return SandboxStatus.KILLED
     return SandboxStatus.OK if rc == 0 else SandboxStatus.ERROR

@@ -17,7 +17,8 @@ class _StatusLines:
 
     The first ``layers`` line is the child's (written before the code runs); the first ``refused`` line and the
     last ``end`` line are kept however much the code floods the channel (a refusal line starts with a newline,
-    so a partial line the code left cannot swallow it).
+    so a partial line the code left cannot swallow it). A line longer than ``MAX_LINE`` bytes is kept to its first
+    ``MAX_LINE`` bytes (a refusal naming a 70 kB path is still a refusal).
     """
 
     MAX_LINE = 4096
@@ -26,20 +27,22 @@ class _StatusLines:
         self.layers: tuple[str, ...] | None = None
         self.refused = ""
         self.ended = ""
-        self._partial = b""
+        self._partial = b""  # the head of the line being read, at most MAX_LINE bytes
 
     def feed(self, data: bytes) -> None:
-        *lines, self._partial = (self._partial + data).split(b"\n")
-        if len(self._partial) > self.MAX_LINE:
-            self._partial = b""  # not a line of ours; keep the memory bounded
-        for raw in lines:
-            line = raw[: self.MAX_LINE].decode("utf-8", "replace")
-            if line.startswith("layers ") and self.layers is None:
-                self.layers = tuple(x for x in line[7:].split(",") if x)
-            elif line.startswith("refused ") and not self.refused:
-                self.refused = line[8:]
-            elif line.startswith("end "):
-                self.ended = line[4:]
+        first, *rest = data.split(b"\n")
+        self._partial += first[: max(0, self.MAX_LINE - len(self._partial))]
+        for piece in rest:  # each piece follows a newline: the line before it is complete
+            self._line(self._partial.decode("utf-8", "replace"))
+            self._partial = piece[: self.MAX_LINE]
+
+    def _line(self, line: str) -> None:
+        if line.startswith("layers ") and self.layers is None:
+            self.layers = tuple(x for x in line[7:].split(",") if x)
+        elif line.startswith("refused ") and not self.refused:
+            self.refused = line[8:]
+        elif line.startswith("end "):
+            self.ended = line[4:]
 
 
 def _collect(

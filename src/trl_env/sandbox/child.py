@@ -3,19 +3,26 @@
 It runs as ``__main__`` in a bare interpreter (``-I``: not even this file's directory is on ``sys.path``), so
 it imports only the standard library, never ``trl_env`` (and never ``ctypes``); imported as a module it does nothing.
 
-Order matters: read the code, import PRELOAD, drop to ``nobody`` (as root), set the rlimits, install the audit
-hook, run the code. The namespaces, the file-system view and the seccomp filter are bwrap's, already in force.
+Order matters: read the code, import PRELOAD, fork. PID 1 stays as the monitor (``monitor``: never changes its
+credentials, waits for the code, kills it at the deadline, reports its real wait status and CPU time on a socket).
+The fork drops to ``nobody`` (as root), sets the rlimits, installs the audit hook and runs the code. The namespaces,
+the file-system view and the seccomp filter are bwrap's, already in force.
 The hook is an early refusal by name, not the boundary: it only uses its default arguments (captured builtins,
 immutable tables), refuses changes to any function's ``__code__``/``__defaults__`` and the tracing, profiling
-and gc walks that reach it. It checks paths lexically; symlinks, hard links and ".." in write paths are refused.
+and gc walks that reach it; if its own check fails (a tampered helper), that is a refusal too. It checks paths
+lexically; symlinks, hard links and ".." in write paths are refused; extension modules load only from the
+interpreter's directories on ``sys.path``, under their own names.
 Status goes to ``channel``; a refusal the code tries to hide by tampering with that fd ends the run.
 """
 
+import _imp
 import json
 import linecache
 import os
 import resource
+import signal
 import sys
+import time
 import traceback
 
 
@@ -38,6 +45,12 @@ def main() -> None:
     # Cache this file's lines while it is surely readable: a frame of this program shown later (a warning's
     # stacklevel, the code's own print_stack) is then never opened under the hook, which would refuse it.
     linecache.getlines(__file__)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})  # the monitor waits for it with a deadline
+    pid = os.fork()
+    if pid:
+        monitor(pid, cfg["deadline"], cfg["report"], (chan, 1, 2))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+    os.close(cfg["report"])
     os.chdir(work)
     if cfg["uid"] is not None and drop_privileges(cfg["uid"], cfg["gid"]):
         layers.append("setuid")
@@ -48,6 +61,30 @@ def main() -> None:
         layers.append("audit")
     report("layers " + ",".join(layers))
     run_code(source, report)
+
+
+def monitor(pid, deadline, out, close) -> None:
+    """PID 1 of the sandbox: wait for the code's process ``pid``, kill it at ``deadline``, report how it ended.
+
+    It never changes its credentials, so bubblewrap's parent-death signal stays armed: if the trainer dies, bwrap
+    dies, this process gets SIGKILL and the kernel ends every process of the namespace. It writes the code's real
+    wait status and CPU time on ``out`` (a socket the code's process closed), then exits. ``deadline`` is on
+    ``time.monotonic()``'s clock, which the sandbox shares with the trainer.
+    """
+    for fd in close:  # the trainer sees the end of the code's output when the code ends
+        os.close(fd)
+    while True:
+        done, status, usage = os.wait4(pid, os.WNOHANG)
+        if done:
+            break
+        left = deadline - time.monotonic()
+        if left <= 0:
+            os.kill(pid, signal.SIGKILL)
+            done, status, usage = os.wait4(pid, 0)
+            break
+        signal.sigtimedwait({signal.SIGCHLD}, left)
+    os.write(out, f"exit {status} {usage.ru_utime!r} {usage.ru_stime!r}\n".encode())
+    os._exit(0)
 
 
 def make_report(chan, pipe, _write=os.write, _fstat=os.fstat, _exit=os._exit, _Exception=Exception):
@@ -146,9 +183,12 @@ REFUSED_PREFIXES = ("socket.", "ctypes.", "_ctypes.", "sys.monitoring.")
 REFUSED_IMPORTS = frozenset(
     {
         "ctypes", "_ctypes", "_posixsubprocess", "_testcapi", "_testinternalcapi", "_testmultiphase",
-        "_xxsubinterpreters", "_xxinterpchannels", "_posixshmem",
+        "_xxsubinterpreters", "_xxinterpchannels", "_posixshmem", "_interpreters", "_interpchannels",
+        "_interpqueues", "_xxinterpqueues", "_testsinglephase", "_testbuffer", "_testimportmultiple", "_testclinic",
+        "_ctypes_test", "_xxtestfuzz",
     }
 )  # fmt: skip
+"""Modules refused by the last part of their name, however they are imported or loaded (``x._ctypes`` too)."""
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
 
@@ -159,14 +199,31 @@ def read_roots(work):
     return tuple(sorted({work} | fixed | prefixes | {p for p in sys.path if p.startswith("/")}))
 
 
+def extension_roots(work):
+    """Where extension modules may load from: the interpreter's directories on ``sys.path``, not the workdir."""
+    return tuple(sorted({p for p in sys.path if p.startswith("/") and not allowed(p, (work,), False)}))
+
+
+def own_extension(name, path, roots, suffixes, _text=text, _str=str):
+    """Whether ``path`` is the extension module ``name`` under its own name: ``ROOT/a/b/c.SUFFIX`` for ``a.b.c``."""
+    path = _text(path)
+    if path is None or ".." in _str.split(path, "/"):
+        return False
+    rel = "/".join(_str.split(name, "."))
+    for root in roots:
+        for suffix in suffixes:
+            if path == root + "/" + rel + suffix:
+                return True
+    return False
+
+
 def make_hook(work, report):
     """The audit hook for code running in ``work``: it refuses the event, after reporting it on the channel."""
 
-    def hook(
+    def check(
         event,
         args,
         _allowed=allowed,
-        _report=report,
         _reads=read_roots(work),  # noqa: B008 (evaluated once, at definition, on purpose)
         _work=(work,),
         _writes=(work, "/dev/null"),
@@ -175,6 +232,9 @@ def make_hook(work, report):
         _refused=REFUSED_EVENTS,
         _prefixes=REFUSED_PREFIXES,
         _imports=REFUSED_IMPORTS,
+        _own_extension=own_extension,
+        _ext_roots=extension_roots(work),  # noqa: B008 (evaluated once, at definition, on purpose)
+        _suffixes=tuple(_imp.extension_suffixes()),  # noqa: B008 (evaluated once, at definition, on purpose)
         _wflags=WRITE_FLAGS,
         _pid=os.getpid(),  # noqa: B008 (evaluated once, at definition, on purpose; so are the two below)
         _type=type,
@@ -182,8 +242,8 @@ def make_hook(work, report):
         _str=str,
         _fn=type(norm),  # noqa: B008
         _mine=globals(),  # noqa: B008 (this module's globals: those of every function defined here)
-        _Refusal=PermissionError,
     ):
+        """The refused operation's description, or ``None`` if the event is allowed."""
         what = None
         if event == "open":
             path, mode, flags = args
@@ -206,18 +266,32 @@ def make_hook(work, report):
             if path is not None and _type(path) is not _int and not _allowed(path, _reads, False):
                 what = f"{event}({path!r})"
         elif event == "import":
-            if "".join((args[0],)) in _imports:  # join: an exact str, whatever __eq__/__hash__ a subclass has
-                what = f"import {args[0]}"
+            name = "".join((args[0],))  # join: an exact str, whatever __eq__/__hash__ a subclass has
+            if _str.rpartition(name, ".")[2] in _imports:
+                what = f"import {name}"
+            elif args[1] is not None and not _own_extension(name, args[1], _ext_roots, _suffixes):
+                what = f"loading {args[1]!r} as the extension module {name}, not its own name in the interpreter's"
+                what += " directories"
         elif event == "os.kill":
             if args[0] != _pid:
                 what = f"os.kill({args[0]}, {args[1]})"
-        elif event == "object.__setattr__":  # the hook's own functions (e.g. its defaults) are not to be rewired
+        elif event in ("object.__setattr__", "object.__delattr__"):  # the hook's functions are not to be rewired
             if _type(args[0]) is _fn and args[0].__globals__ is _mine:
                 what = f"setting {args[1]} of a sandbox function"
         elif event in _refused or _str.startswith(event, _prefixes):
             what = event
+        return what
+
+    def hook(event, args, _check=check, _report=report, _Refusal=PermissionError, _exit=os._exit):
+        try:
+            what = _check(event, args)
+        except BaseException:  # its helpers were tampered with, or an argument is not what it should be
+            what = f"{event} (the audit hook's own check failed)"
         if what is not None:
-            _report("refused " + what, True)
+            try:
+                _report("refused " + what, True)
+            except BaseException:
+                _exit(125)  # REFUSED_EXIT: the refusal cannot be reported otherwise
             raise _Refusal(f"sandbox: {what} refused (no network, subprocesses or files outside the working directory)")
 
     return hook

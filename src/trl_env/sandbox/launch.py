@@ -12,6 +12,7 @@ import resource
 import select
 import shutil
 import signal
+import socket
 import sys
 import time
 
@@ -60,6 +61,20 @@ def _code_process(info: int, bwrap_pid: int, deadline: float) -> int | None:
         os.close(pidfd)
         return None
     return pidfd
+
+
+def _read_report(report: socket.socket) -> tuple[int, float] | None:
+    """The monitor's report, ``exit WAIT_STATUS UTIME STIME``, as (exit code as ``Popen.returncode``, CPU seconds).
+
+    ``None`` if the monitor wrote none (it was killed, or never started the code). Read once the sandbox is gone.
+    """
+    report.setblocking(False)
+    try:
+        words = report.recv(256).split()
+        status, utime, stime = int(words[1]), float(words[2]), float(words[3])
+        return os.waitstatus_to_exitcode(status), utime + stime
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _kill_code(pidfd: int | None) -> None:

@@ -1,9 +1,10 @@
 """The sandbox's seccomp filter: a classic BPF program, built here and loaded by bubblewrap (``bwrap --seccomp FD``).
 
-A deny list: system calls no sandboxed Python program needs and that matter for escaping or for reaching other
-processes (device nodes and FIFOs, anonymous memory files, pidfds, ptrace, keys, mounts, namespaces, BPF,
-io_uring, modules, ...) kill the whole process (``SECCOMP_RET_KILL_PROCESS``, so the code cannot catch it and the
-parent sees SIGSYS). ``clone3`` gets ENOSYS so that libc falls back to ``clone`` (itself stopped by
+A deny list: system calls no sandboxed Python program needs and that matter for escaping, for reaching other
+processes or for holding memory outside the address space (device nodes and FIFOs, anonymous memory files, pidfds,
+ptrace, keys, mounts, namespaces, BPF, io_uring, modules, SysV and POSIX IPC, ...) kill the whole process
+(``SECCOMP_RET_KILL_PROCESS``, so the code cannot catch it and the parent sees SIGSYS); so does a socket of a family
+outside ``SOCKET_FAMILIES``. ``clone3`` gets ENOSYS so that libc falls back to ``clone`` (itself stopped by
 RLIMIT_NPROC=0). x86_64 only: elsewhere ``program()`` returns ``None`` and the sandbox runs without the filter,
 saying so in ``SandboxResult.layers``. Reference: the kernel's Documentation/userspace-api/seccomp_filter.rst.
 """
@@ -20,6 +21,7 @@ RET_ERRNO = 0x00050000
 RET_ALLOW = 0x7FFF0000
 ENOSYS = 38
 _LD_W_ABS, _JEQ_K, _JGE_K, _RET_K = 0x20, 0x15, 0x35, 0x06  # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, ...
+_ARG0_LOW = 16  # offsetof(struct seccomp_data, args[0]), its low 32 bits on a little-endian machine
 
 KILLED_X86_64 = {
     # files that are not files: device nodes and FIFOs (os.mknod, os.mkfifo: no audit event), anonymous memory
@@ -42,10 +44,23 @@ KILLED_X86_64 = {
     "sethostname": 170, "setdomainname": 171, "iopl": 172, "ioperm": 173, "modify_ldt": 154,
     "personality": 135, "uselib": 134, "vhangup": 153, "lookup_dcookie": 212, "move_pages": 279,
     "migrate_pages": 256,
+    # memory held outside the address space (RLIMIT_AS counts only what is mapped; a detached SysV segment lives
+    # on): SysV shared memory, message queues and semaphores, POSIX message queues
+    "shmget": 29, "shmat": 30, "shmctl": 31, "shmdt": 67, "semget": 64, "semop": 65, "semctl": 66,
+    "semtimedop": 220, "msgget": 68, "msgsnd": 69, "msgrcv": 70, "msgctl": 71, "mq_open": 240, "mq_unlink": 241,
+    "mq_timedsend": 242, "mq_timedreceive": 243, "mq_notify": 244, "mq_getsetattr": 245,
 }  # fmt: skip
 """System calls that end the run (x86_64 numbers, from arch/x86/entry/syscalls/syscall_64.tbl)."""
 ENOSYS_X86_64 = {"clone3": 435}
 """System calls that fail with ENOSYS, so that libc falls back to an older one."""
+SOCKET_CALLS_X86_64 = {"socket": 41, "socketpair": 53}
+"""System calls whose first argument is a socket family, checked against ``SOCKET_FAMILIES``."""
+SOCKET_FAMILIES = {"AF_UNIX": 1, "AF_INET": 2, "AF_INET6": 10}
+"""The only socket families the code may create: local sockets (asyncio's self-pipe, ``socketpair``) and IP, which
+the network namespace covers. ``AF_NETLINK`` fails with EAFNOSUPPORT (glibc's resolver copes); any other family
+(``AF_VSOCK``, which no network namespace covers, ``AF_PACKET``, ``AF_ALG``, ...) ends the run."""
+AF_NETLINK = 16
+EAFNOSUPPORT = 97
 
 
 def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
@@ -71,5 +86,16 @@ def program(machine: str | None = None) -> bytes | None:
     for numbers, action in ((KILLED_X86_64, RET_KILL_PROCESS), (ENOSYS_X86_64, RET_ERRNO | ENOSYS)):
         for nr in sorted(numbers.values()):
             insns += [_insn(_JEQ_K, 0, 1, nr), _insn(_RET_K, 0, 0, action)]
+    families = sorted(SOCKET_FAMILIES.values())
+    # socket/socketpair: load the family (the call number is no longer needed: every path below returns)
+    checks = [_insn(_LD_W_ABS, 0, 0, _ARG0_LOW)]
+    for family in families:
+        checks += [_insn(_JEQ_K, 0, 1, family), _insn(_RET_K, 0, 0, RET_ALLOW)]
+    checks += [_insn(_JEQ_K, 0, 1, AF_NETLINK), _insn(_RET_K, 0, 0, RET_ERRNO | EAFNOSUPPORT)]
+    checks.append(_insn(_RET_K, 0, 0, RET_KILL_PROCESS))
+    calls = sorted(SOCKET_CALLS_X86_64.values())
+    for i, nr in enumerate(calls):  # jump over the other calls' tests and the final allow, into the checks
+        insns.append(_insn(_JEQ_K, len(calls) - i, 0, nr))
     insns.append(_insn(_RET_K, 0, 0, RET_ALLOW))
+    insns += checks
     return b"".join(insns)
