@@ -111,10 +111,7 @@ class EnvText:
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        added = sorted({str(t) for t in getattr(tokenizer, "added_tokens_decoder", {}).values()}, key=len, reverse=True)
-        added = [t for t in added if t]
-        self._added = re.compile("|".join(map(re.escape, added))) if added else None
-        self._fast = _fast_encoder(tokenizer, added)
+        self._added, self._fast = _own_copy(tokenizer)
 
     def encode(self, text: str) -> list[int]:
         """The tokenizer's ids for ``text``, special-token strings included, with nothing added."""
@@ -189,29 +186,36 @@ _PROBES = (
 )
 
 
-_OWNED: weakref.WeakKeyDictionary[Any, tuple[int, Callable[[str], list[int]] | None]] = weakref.WeakKeyDictionary()
+_Copy = tuple[re.Pattern[str] | None, Callable[[str], list[int]] | None]
+"""What trl-env keeps of a tokenizer: its added tokens' pattern and its own copy's ``encode`` (or ``None``)."""
+_OWNED: weakref.WeakKeyDictionary[Any, _Copy] = weakref.WeakKeyDictionary()
 _OWNED_LOCK = threading.Lock()
 
 
-def _fast_encoder(tokenizer: Any, added: list[str]) -> Callable[[str], list[int]] | None:
-    """The ``encode`` of trl-env's own copy of the Rust tokenizer, where it gives the tokenizer's ids.
+def _own_copy(tokenizer: Any) -> _Copy:
+    """The added tokens' pattern and the ``encode`` of trl-env's own copy of the Rust tokenizer, taken once.
 
-    A copy, because the Rust backend's state is shared: ``tokenizer(text, split_special_tokens=True)``
-    anywhere in the process (an env counting tokens, a reward function) switches the backend's
-    ``encode_special_tokens`` on for every later caller, which would spell the processor's special tokens
-    out as plain text. The copy's flag stays off. It also costs half of the transformers wrapper per call.
-    Checked once per tokenizer (and vocabulary size) on probe texts (plain, unicode, whitespace, every added
+    A copy, because the Rust backend's state is shared and other code sets it: ``tokenizer(text,
+    truncation=True, max_length=256)`` (dataset preprocessing) leaves truncation on, ``padding="max_length"``
+    (a collator) leaves padding on, ``split_special_tokens=True`` (a reward function) leaves the processor's
+    special tokens spelled out as plain text. The copy has none of them, whatever the backend held when it was
+    taken. It is taken the first time trl-env sees the tokenizer, with the added tokens it has then: tokens
+    added later (a library adding a pad token) change neither how env text is tokenised nor which strings are
+    kept plain, and no id the policy did not have at the first rollout appears. It also costs half of the
+    transformers wrapper per call. It is checked once on probe texts (plain, unicode, whitespace, every added
     token) against ``tokenizer.encode``; any difference or a tokenizer without a Rust backend keeps
-    ``tokenizer.encode``.
+    ``tokenizer.encode``, read at each call (the added tokens' pattern is still the first one).
     """
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        return None
+    if backend is None:  # a duck-typed tokenizer: no copy to take, maybe nothing to key a cache on
+        return _added_pattern(tokenizer)[0], None
     with _OWNED_LOCK:
-        size, cached = _OWNED.get(tokenizer, (-1, None))
-        if size == backend.get_vocab_size(with_added_tokens=True):
-            return cached
+        if tokenizer in _OWNED:
+            return _OWNED[tokenizer]
+        added_pattern, added = _added_pattern(tokenizer)
         own = copy.deepcopy(backend)
+        own.no_truncation()
+        own.no_padding()
         own.encode_special_tokens = False
 
         def fast(text: str) -> list[int]:
@@ -222,8 +226,15 @@ def _fast_encoder(tokenizer: Any, added: list[str]) -> Callable[[str], list[int]
             same = all(fast(t) == _encode(tokenizer, t) for t in probes)
         except Exception:  # noqa: BLE001  # any trouble: keep the tokenizer's own encode
             same = False
-        _OWNED[tokenizer] = (backend.get_vocab_size(with_added_tokens=True), fast if same else None)
-        return fast if same else None
+        _OWNED[tokenizer] = (added_pattern, fast if same else None)
+        return _OWNED[tokenizer]
+
+
+def _added_pattern(tokenizer: Any) -> tuple[re.Pattern[str] | None, list[str]]:
+    """A pattern matching any added token's string (longest first), and those strings."""
+    added = sorted({str(t) for t in getattr(tokenizer, "added_tokens_decoder", {}).values()}, key=len, reverse=True)
+    added = [t for t in added if t]
+    return (re.compile("|".join(map(re.escape, added))) if added else None), added
 
 
 def _encode(tokenizer: Any, text: str) -> list[int]:
