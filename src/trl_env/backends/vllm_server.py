@@ -157,9 +157,7 @@ class VLLMServerGenerator(GeneratorBase):
         """Send the requests as few batched requests; each future resolves when its batch's answer arrives."""
         futures: list[Future[Generation]] = [Future() for _ in requests]
         for batch in self._batches(requests):
-            members = [(requests[i], futures[i]) for i in batch]
-            task = self._pool.submit(self._complete, members)
-            task.add_done_callback(functools.partial(_settle_abandoned, members))
+            self._send([(requests[i], futures[i]) for i in batch])
         return futures
 
     def close(self) -> None:
@@ -184,31 +182,52 @@ class VLLMServerGenerator(GeneratorBase):
             batches += [group[k : k + size] for k in range(0, len(group), size)]
         return batches
 
+    def _send(
+        self,
+        members: list[tuple[GenerationRequest, Future[Generation]]],
+        resend: list[int] | None = None,
+        *,
+        again: bool = True,
+        split_timeout: bool = True,
+    ) -> None:
+        """Hand one batch to the request pool (``_complete``); once ``close`` shut the pool, fail it at once."""
+        try:
+            task = self._pool.submit(self._complete, members, resend, again=again, split_timeout=split_timeout)
+        except RuntimeError:  # the pool was shut down while a failed batch was being split
+            _abandon(members, "generator closed")
+            return
+        task.add_done_callback(functools.partial(_settle_abandoned, members))
+
     def _complete(
         self,
         members: list[tuple[GenerationRequest, Future[Generation]]],
         resend: list[int] | None = None,
         *,
         again: bool = True,
+        split_timeout: bool = True,
     ) -> None:
         """Sample one batch and settle each member's future: a bad choice fails only its own episode.
 
         A batch that fails as a whole (after its retries: an HTTP error, a dropped connection, an answer without
-        one usable choice per prompt) is split in two and each half is sent again (one retry each), down to single
-        prompts: a transient failure costs no episode, and a prompt the server cannot serve fails only its own. A
-        single prompt answered with nothing usable is sent once more (``again``). ``resend`` counts the re-sends
-        left to the original batch (about four per halving), so a server that fails everything costs bounded time;
-        one that cannot be reached (refused, timed out) fails the batch at once, since re-sending would only wait.
+        one usable choice per prompt) is split in two and both halves are sent again at once (one retry each), down
+        to single prompts: a transient failure costs no episode, a prompt the server cannot serve fails only its
+        own, and a healthy half is answered while the other is still narrowed down. A single prompt answered with
+        nothing usable is sent once more (``again``). ``resend`` counts the re-sends left to the original batch
+        (about four per halving), so a server that fails everything costs bounded time. One that cannot be reached
+        (refused, timed out) fails the batch at once, since re-sending would only wait; but a read timeout on
+        several prompts may be the batch's size, so such a batch is split once (``split_timeout``) before that.
+        Returns once the members are settled or handed to their halves' tasks.
         """
         results = self._sample(members, retries=self.retries if resend is None else min(self.retries, 1))
         if isinstance(results, ServerError):
             resend = [4 * len(members).bit_length() + 1] if resend is None else resend
             unusable = results.status_code == 200  # answered, but with nothing usable (a 5xx was retried already)
+            timed_out = split_timeout and len(members) > 1 and isinstance(results.__cause__, requests.ReadTimeout)
             parts = _halves(members) if len(members) > 1 else [members] if again and unusable else []
-            if parts and not results.unreachable and resend[0] >= len(parts):
-                resend[0] -= len(parts)
+            if parts and (timed_out or not results.unreachable) and self._spend(resend, len(parts)):
                 for part in parts:
-                    self._complete(part, resend, again=len(part) > 1 or part is not members)
+                    again_ = len(part) > 1 or part is not members
+                    self._send(part, resend, again=again_, split_timeout=split_timeout and not timed_out)
                 return
             results = [results] * len(members)
         for (_, future), result in zip(members, results, strict=True):
@@ -216,6 +235,14 @@ class VLLMServerGenerator(GeneratorBase):
                 future.set_result(result)
             else:
                 future.set_exception(result)
+
+    def _spend(self, resend: list[int], n: int) -> bool:
+        """Take ``n`` re-sends from the original batch's count (shared by its halves' tasks), if it has them."""
+        with self._lock:
+            if resend[0] < n:
+                return False
+            resend[0] -= n
+            return True
 
     def _sample(
         self, members: list[tuple[GenerationRequest, Future[Generation]]], *, retries: int
@@ -287,6 +314,7 @@ class VLLMServerGenerator(GeneratorBase):
         tried: list[str] = []
         last: str = ""
         unreachable = False
+        cause: Exception | None = None  # the last attempt's exception: ``_complete`` splits on a read timeout
         for attempt in range(retries + 1):
             if attempt and (url is not None or len(set(tried)) >= len(self.urls)):
                 time.sleep(self.backoff * 2 ** (attempt - 1) * (0.5 + random.random()))  # noqa: S311  # jitter
@@ -294,7 +322,7 @@ class VLLMServerGenerator(GeneratorBase):
             try:
                 response = self._post(f"{target}{path}", json=body, timeout=self.timeout)
             except (requests.ConnectionError, requests.Timeout) as e:
-                response, last, unreachable = None, f"{type(e).__name__}: {e}", _unreachable(e)
+                response, last, unreachable, cause = None, f"{type(e).__name__}: {e}", _unreachable(e), e
             finally:
                 with self._lock:
                     self._in_flight[target] -= prompts  # 0 where ``url`` was given: nothing was acquired
@@ -308,7 +336,7 @@ class VLLMServerGenerator(GeneratorBase):
                     body=response.text,
                 )
             if response is not None:
-                last, unreachable = f"HTTP {response.status_code}: {response.text[:300]}", False
+                last, unreachable, cause = f"HTTP {response.status_code}: {response.text[:300]}", False, None
             tried.append(target)
             with self._lock:
                 self._failed_at[target] = time.monotonic()
@@ -317,7 +345,7 @@ class VLLMServerGenerator(GeneratorBase):
             f"{where} failed {retries + 1} times; last: {last}. Is the vLLM server running and reachable?",
             url=tried[-1],
             unreachable=unreachable,
-        )
+        ) from cause
 
     # -- policy sync through LoRA adapters (no NCCL, no CUDA) -------------------------------------
 
@@ -393,8 +421,17 @@ def _halves(members: list[T]) -> list[list[T]]:
 
 
 def _settle_abandoned(members: list[tuple[GenerationRequest, Future[Generation]]], task: Future[None]) -> None:
-    """Fail the members of a batch whose task was cancelled (``close``) or died before settling them."""
-    error = task.exception() if not task.cancelled() else None
+    """Fail the members of a batch whose task was cancelled (``close``) or died before settling them.
+
+    A task that returned has settled its members or handed them to its halves' tasks, which settle them.
+    """
+    if task.cancelled():
+        _abandon(members, "generator closed")
+    elif task.exception() is not None:
+        _abandon(members, str(task.exception()))
+
+
+def _abandon(members: list[tuple[GenerationRequest, Future[Generation]]], why: str) -> None:
     for _, future in members:
         if not future.done():
-            future.set_exception(ServerError(f"the request was abandoned ({error or 'generator closed'})"))
+            future.set_exception(ServerError(f"the request was abandoned ({why})"))
