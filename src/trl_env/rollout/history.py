@@ -203,8 +203,12 @@ class DeployedHistory:
         """The ids of the template's rendering of ``messages`` with the generation prompt; env text kept plain.
 
         Without an added token's text in any env message (user or tool), the rendering is tokenised whole (exactly
-        ``apply_chat_template(..., tokenize=True)``). Otherwise each env message is located in the rendering (by
-        rendering markers in their place) and tokenised as plain text, the template's text around it as usual.
+        ``apply_chat_template(..., tokenize=True)``). Otherwise each env text that spells one is located in that
+        rendering and tokenised as plain text, the template's text around it as usual. To locate it, the conversation
+        is rendered once more with a marker *inside* each such text (between two plain characters, so what the
+        template tests, e.g. Qwen 3's ``content.startswith('<tool_response>')``, still holds); that rendering counts
+        only if, markers removed, it is the real one, and each marker sits inside its text as written, stripped or
+        JSON-quoted. The marker then goes at the text's start, then at its end, before giving up.
 
         Raises:
             EpisodeFailure: ``processor_error`` when the template fails or writes an env text holding special-token
@@ -212,20 +216,24 @@ class DeployedHistory:
         """
         kwargs = self.render_kwargs
         rendered = _render(self.tokenizer, messages, kwargs)
-        envs = [i for i, m in enumerate(messages) if m["role"] in ("user", "tool")]
         added = self.text._added  # noqa: SLF001  # the engine's added-token pattern, shared on purpose
-        if added is None or not any(added.search(messages[i]["content"]) for i in envs):
+        envs = [i for i, m in enumerate(messages) if m["role"] in ("user", "tool")]
+        located = [] if added is None else [i for i in envs if added.search(messages[i]["content"])]
+        if added is None or not located:
             return list(self.text.encode(rendered))
-        marked = [dict(m, content=_MARK.format(i)) if i in envs else m for i, m in enumerate(messages)]
-        parts = _MARKS.split(_render(self.tokenizer, marked, kwargs))
-        for form in (_verbatim, str.strip, _quoted):
-            pieces: list[tuple[str, bool]] = []
-            for k, part in enumerate(parts):
-                if k % 2 == 0:
-                    pieces.append((part, False))
-                else:
-                    pieces.append((form(messages[int(part)]["content"]), True))
-            if "".join(p for p, _ in pieces) == rendered:
+        tried: list[dict[int, int]] = []
+        for cut in (_middle, _start, _end):
+            cuts = {i: cut(messages[i]["content"], added) for i in located}
+            if cuts in tried:
+                continue
+            tried.append(cuts)
+            marked = [
+                dict(m, content=m["content"][: cuts[i]] + _MARK.format(i) + m["content"][cuts[i] :]) if i in cuts
+                else m
+                for i, m in enumerate(messages)
+            ]  # fmt: skip
+            pieces = _locate(_render(self.tokenizer, marked, kwargs), rendered, messages, cuts)
+            if pieces is not None:
                 return list(self.text.segments(pieces))
         raise EpisodeFailure(
             "processor_error",
@@ -237,8 +245,63 @@ class DeployedHistory:
         )
 
 
-def _verbatim(text: str) -> str:
-    return text
+def _middle(text: str, added: re.Pattern[str]) -> int:
+    """The middle of ``text``'s longest run of plain text (outside added tokens' strings); else the middle boundary."""
+    edges = [0, *(x for m in added.finditer(text) for x in m.span()), len(text)]
+    runs = [(edges[k], edges[k + 1]) for k in range(0, len(edges), 2)]
+    start, end = max(runs, key=lambda r: r[1] - r[0])
+    return (start + end) // 2 if end > start else min(edges, key=lambda x: abs(2 * x - len(text)))
+
+
+def _start(text: str, added: re.Pattern[str]) -> int:
+    return 0
+
+
+def _end(text: str, added: re.Pattern[str]) -> int:
+    return len(text)
+
+
+def _locate(marked: str, rendered: str, messages: list[Message], cuts: dict[int, int]) -> list[tuple[str, bool]] | None:
+    """``rendered`` as pieces (text, is env text), read off ``marked``; ``None`` where the two renderings disagree.
+
+    ``marked`` is the rendering with a marker at ``cuts[i]`` in env text ``i``. Without its markers it must be
+    ``rendered``; around each marker, the text before and after the cut must stand as written, stripped or
+    JSON-quoted. One entry per piece of ``rendered``, in order; env pieces are exactly env text.
+    """
+    parts = _MARKS.split(marked)
+    if "".join(parts[0::2]) != rendered:
+        return None  # the marker changed what the template wrote
+    pieces: list[tuple[str, bool]] = []
+    done = at = 0  # done: end of the last piece in ``rendered``; at: the current marker's position there
+    for k in range(1, len(parts), 2):
+        at += len(parts[k - 1])
+        i = int(parts[k])
+        if i not in cuts:
+            return None
+        text, cut = messages[i]["content"], cuts[i]
+        for form in (_verbatim, _stripped, _quoted_pair):
+            before, after = form(text[:cut], text[cut:])
+            start, end = at - len(before), at + len(after)
+            if start >= done and rendered[start:at] == before and rendered[at:end] == after:
+                pieces += [(rendered[done:start], False), (rendered[start:end], True)]
+                done = end
+                break
+        else:
+            return None
+    return [*pieces, (rendered[done:], False)]
+
+
+def _verbatim(before: str, after: str) -> tuple[str, str]:
+    return before, after
+
+
+def _stripped(before: str, after: str) -> tuple[str, str]:
+    """The two sides of a cut once the whole text is stripped (the marker between them is not whitespace)."""
+    return before.lstrip(), after.rstrip()
+
+
+def _quoted_pair(before: str, after: str) -> tuple[str, str]:
+    return _quoted(before), _quoted(after)
 
 
 def _quoted(text: str) -> str:
