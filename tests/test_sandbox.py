@@ -447,11 +447,39 @@ def test_kernel_alone_allows_unix_and_inet_sockets_and_fails_netlink(kernel_laye
         assert result.stdout == "b'x'\n97\n"  # EAFNOSUPPORT
 
 
-def test_the_filter_checks_socket_families_on_every_architecture_it_covers():
+def run_filter(program: bytes, nr: int, arg0: int = 0, arch: int = 0xC000003E) -> int:
+    """What a classic BPF seccomp program returns for one system call (the few instructions seccomp.py emits)."""
+    insns = [struct.unpack("=HBBI", program[i : i + 8]) for i in range(0, len(program), 8)]
+    data = {0: nr, 4: arch, 16: arg0 & 0xFFFFFFFF}  # struct seccomp_data: nr, arch, args[0] (low half)
+    acc, pc = 0, 0
+    while True:
+        code, jt, jf, k = insns[pc]
+        if code == 0x20:  # BPF_LD | BPF_W | BPF_ABS
+            acc, pc = data[k], pc + 1
+        elif code in (0x15, 0x35):  # BPF_JEQ, BPF_JGE (| BPF_K)
+            pc += 1 + (jt if (acc == k if code == 0x15 else acc >= k) else jf)
+        else:
+            assert code == 0x06, code  # BPF_RET | BPF_K
+            return k
+
+
+def test_the_filter_allows_only_the_threat_models_socket_families_on_every_architecture_it_covers():
     from trl_env.sandbox import seccomp
 
-    for machine in ("x86_64",):
+    kill, allow = seccomp.RET_KILL_PROCESS, seccomp.RET_ALLOW
+    for machine in ("x86_64", "amd64"):
         program = seccomp.program(machine)
         assert program is not None
-        words = {struct.unpack("=HBBI", program[i : i + 8])[3] for i in range(0, len(program), 8)}
-        assert {41, 53} <= words and {1, 2, 10} <= words  # socket, socketpair; AF_UNIX, AF_INET, AF_INET6
+        for call in (41, 53):  # socket, socketpair
+            for family in (1, 2, 10):  # AF_UNIX, AF_INET, AF_INET6
+                assert run_filter(program, call, family) == allow
+            assert run_filter(program, call, 16) == seccomp.RET_ERRNO | 97  # AF_NETLINK: EAFNOSUPPORT
+            for family in (40, 17, 38, 3, 4, 5, 44, (1 << 32) | 40):  # AF_VSOCK, AF_PACKET, AF_ALG, AX25, IPX, ...
+                assert run_filter(program, call, family) == kill  # (the kernel reads an int: the low half decides)
+        for nr in (29, 30, 67, 68, 69, 240, 319):  # shmget, shmat, shmdt, msgget, msgsnd, mq_open, memfd_create
+            assert run_filter(program, nr) == kill
+        for nr in (0, 1, 2, 9, 60, 231, 42, 44, 45):  # read, write, open, mmap, exit, exit_group, connect, sendto, ...
+            assert run_filter(program, nr) == allow
+        assert run_filter(program, 41, 1, arch=0x40000003) == kill  # a 32-bit call
+        assert run_filter(program, 0x40000000 + 41, 1) == kill  # x32
+    assert seccomp.program("aarch64") is None  # no filter there: said in layers and in the threat model
