@@ -1,4 +1,4 @@
-"""Recovery of a failed batched request is concurrent (issue 32, item 7); no server needed.
+"""Recovery of a failed batched request is concurrent (issue 32, item 7); no vLLM server (a handler, or the stub).
 
 A batch that fails as a whole is split in two and each half is sent again: the halves go at once, so a healthy half
 is answered while the half with the poisoned prompt is still being narrowed down. A read timeout on a batch of
@@ -8,6 +8,7 @@ benchmarks/bench_recovery.py and docs/benchmarks.md.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -148,3 +149,13 @@ def test_closing_the_generator_during_recovery_fails_what_is_left_and_hangs_noth
             f.result(timeout=5)
         except ServerError:
             pass
+
+
+def test_bench_recovery_quick_runs_both_recoveries_side_by_side(tmp_path):
+    from test_benchmarks import run_quick
+
+    text = run_quick("bench_recovery.py", tmp_path)
+    assert "| timeout | 16 | now (halves at once) |" in text and "| timeout | 16 | before" in text, text
+    data = json.loads((tmp_path / "bench_recovery.json").read_text())
+    lost = {(r["case"], r["variant"].split()[0]): r["runs"][0]["healthy_failed"] for r in data["results"]}
+    assert lost[("timeout", "now")] == 0 and lost[("timeout", "before")] == 16, lost
