@@ -21,7 +21,7 @@ from trl_env.credit import (
     get_estimator,
     token_advantages,
 )
-from trl_env.integrations.async_grpo.rows import group_advantages
+from trl_env.integrations.async_grpo.samples import group_advantages
 from trl_env.rollout import Rollout, Row, Turn
 
 

@@ -15,7 +15,7 @@ import trl_env
 from trl_env import ChatMLProcessor, env_reward, make_rollout_func
 from trl_env.credit import DiscountedReturns, EpisodeCredit, GiGPO, get_estimator, token_advantages
 from trl_env.errors import ConfigError
-from trl_env.integrations.rows import EpisodeGRPOTrainer, env_reward_columns
+from trl_env.integrations.episode_trainer import EpisodeGRPOTrainer, env_reward_columns
 from trl_env.processors import from_tokenizer
 
 

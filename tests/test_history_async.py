@@ -182,7 +182,7 @@ def test_two_real_grpo_steps_in_both_modes_against_the_vllm_server_every_request
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trl_env import VLLMServerGenerator, make_rollout_func
-    from trl_env.integrations.rows import EpisodeGRPOTrainer
+    from trl_env.integrations.episode_trainer import EpisodeGRPOTrainer
 
     url, model_dir = vllm_history_server.base_url, vllm_history_server.model_dir
     tok = thinking_tokenizer(AutoTokenizer.from_pretrained(model_dir))

@@ -13,7 +13,7 @@ from test_history import ReplyGenerator
 
 from trl_env import make_rollout_func
 from trl_env.errors import ConfigError
-from trl_env.integrations.rows import EpisodeGRPOTrainer, episode_advantages
+from trl_env.integrations.episode_trainer import EpisodeGRPOTrainer, episode_advantages
 from trl_env.processors import from_tokenizer
 from trl_env.testing.tokenizers import official_template
 
@@ -190,7 +190,7 @@ def test_plain_grpo_trainer_refuses_deployed_rows(tmp_path, model, tokenizer):
 
 
 def test_deployed_rows_train_on_one_process_and_say_so(tokenizer):
-    from trl_env.integrations.rows import _check_processes
+    from trl_env.integrations.episode_trainer import _check_processes
 
     tok = thinking_tokenizer(tokenizer)
     deployed = make_rollout_func(FlakyTalkEnv, from_tokenizer(tok), history="deployed")

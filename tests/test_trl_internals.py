@@ -61,7 +61,7 @@ def test_episode_trainer_and_async_worker_refuse_an_untested_trl_at_construction
     import trl
 
     from trl_env.integrations.async_grpo import TrlEnvRolloutWorker
-    from trl_env.integrations.rows import EpisodeGRPOTrainer
+    from trl_env.integrations.episode_trainer import EpisodeGRPOTrainer
 
     func = make_rollout_func(GuessEnv, ChatMLProcessor(), generator=sampler(tokenizer))
     monkeypatch.setattr(trl, "__version__", version)
@@ -148,7 +148,7 @@ def test_pin_async_rollout_sample_fields_and_cpu_patch_targets():
 
     sample = trl_internals.rollout_sample_type()
     passed = {"prompt", "completion", "input_ids", "completion_mask", "old_log_probs", "advantage", "model_version",
-              "metrics", "group_id"}  # what async_grpo/rows.py gives each sample  # fmt: skip
+              "metrics", "group_id"}  # what async_grpo/samples.py gives each sample  # fmt: skip
     fields = {f.name: f for f in dataclasses.fields(sample)}
     assert passed <= set(fields)
     required = {

@@ -21,7 +21,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from trl_env import ChatMLProcessor, env_reward, make_rollout_func
 from trl_env.credit import EpisodeCredit
-from trl_env.integrations.rows import EpisodeGRPOTrainer
+from trl_env.integrations.episode_trainer import EpisodeGRPOTrainer
 from trl_env.testing import build_tiny_model, build_tiny_tokenizer
 
 

@@ -150,7 +150,7 @@ def make_rollout_func(
             ``env_memory_mb``, ``coalesce_s`` (how long a ready turn waits to be batched with others; ``"auto"``: a
             third of a typical env step, 10 to 50 ms), ``history`` (``"sampled"``; ``"deployed"``: each turn sampled
             from the chat template's rendering, several rows per episode, trained with
-            ``trl_env.integrations.rows.EpisodeGRPOTrainer``; docs/history.md) and ``template_kwargs``.
+            ``trl_env.integrations.episode_trainer.EpisodeGRPOTrainer``; docs/history.md) and ``template_kwargs``.
         backend: ``BackendOptions``: ``generator`` (a ``Generator`` or ``trainer -> Generator``; default:
             the trainer's model in process with ``use_vllm=False``, a vLLM client with ``vllm_mode="server"``),
             ``base_url`` (vLLM server URL(s); with ``use_vllm=False`` it still selects the server backend),
@@ -160,7 +160,7 @@ def make_rollout_func(
         credit: how each turn's advantage is computed (docs/credit.md): ``"episode"`` (default: every token gets
             its episode's group advantage, TRL's own), ``"discounted"``, ``"gigpo"``, ``"per_turn_index"`` (the
             biased reference) or a ``trl_env.credit.CreditEstimator``. Any other than ``"episode"`` trains with
-            ``trl_env.integrations.rows.EpisodeGRPOTrainer`` (per-token advantages).
+            ``trl_env.integrations.episode_trainer.EpisodeGRPOTrainer`` (per-token advantages).
         **options: the same options by their flat names.
 
     Returns:
@@ -227,12 +227,13 @@ class RolloutFunction:
         if self.options.engine.history is History.DEPLOYED:
             raise ConfigError(
                 "history='deployed' gives several training rows per episode, and GRPOTrainer's rollout_func takes one "
-                "row per prompt; train with trl_env.integrations.rows.EpisodeGRPOTrainer (same arguments)."
+                "row per prompt; train with trl_env.integrations.episode_trainer.EpisodeGRPOTrainer (same arguments)."
             )
         if self.credit != "episode":
             raise ConfigError(
                 f"credit={self.credit!r} gives each turn its own advantage, and GRPOTrainer gives one per row; train "
-                "with trl_env.integrations.rows.EpisodeGRPOTrainer (same arguments), or use credit='episode'."
+                "with trl_env.integrations.episode_trainer.EpisodeGRPOTrainer (same arguments), or use "
+                "credit='episode'."
             )
         rollouts = self.rollouts(prompts, trainer)
         return to_trl(rollouts, mask_truncated=self.mask_truncated)

@@ -71,7 +71,8 @@ class EngineOptions:
     history: History | str = History.SAMPLED
     """``"sampled"``: every turn sampled from every token so far, one row per episode. ``"deployed"``: each turn
     sampled from the chat template's rendering of the conversation so far, one row per turn (merged where a context
-    extends the previous row); train with ``trl_env.integrations.rows.EpisodeGRPOTrainer``. See docs/history.md."""
+    extends the previous row); train with ``trl_env.integrations.episode_trainer.EpisodeGRPOTrainer``. See
+    docs/history.md."""
     template_kwargs: Mapping[str, Any] | None = None
     """With ``history="deployed"``: extra chat-template variables, e.g. ``{"enable_thinking": False}``."""
 

@@ -50,7 +50,7 @@ at all; see its docstring and ``docs/async.md``.
 """
 
 from trl_env.integrations.async_grpo.cpu import patch_for_cpu
-from trl_env.integrations.async_grpo.rows import ADVANTAGE_EPS, GroupRecord, ScaleRewards, Unscored, group_advantages
+from trl_env.integrations.async_grpo.samples import ADVANTAGE_EPS, GroupRecord, ScaleRewards, Unscored, group_advantages
 from trl_env.integrations.async_grpo.worker import LORA_NAME, TrlEnvRolloutWorker, WorkerOptions
 
 __all__ = [

@@ -26,7 +26,7 @@ from trl_env.credit import CreditEstimator, EpisodeCredit, credit_estimator, est
 from trl_env.env import Env
 from trl_env.errors import ConfigError, ServerError
 from trl_env.integrations.async_grpo.buffer import _RolloutBuffer
-from trl_env.integrations.async_grpo.rows import (
+from trl_env.integrations.async_grpo.samples import (
     GroupRecord,
     ScaleRewards,
     Unscored,
