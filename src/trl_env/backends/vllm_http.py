@@ -1,4 +1,4 @@
-"""The HTTP side of the vLLM server client: its pooled session, which failures mean no answer, how answers are read.
+"""The HTTP side of the vLLM server client: its pooled session, start-up checks, which failures mean no answer, answers.
 
 ``parse_completions`` reads a batched ``/v1/completions`` answer (one result per prompt), ``parse_completion`` one
 choice; anything missing or inconsistent is a ``ServerError``, not data. ``VLLMServerGenerator`` (vllm_server.py)
@@ -8,14 +8,14 @@ sends the requests.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import requests
 import urllib3
 
 from trl_env.backends.base import FinishReason, Generation, GenerationRequest
-from trl_env.errors import ServerError
+from trl_env.errors import ConfigError, ServerError
 
 
 def _http_session(n_servers: int, max_in_flight: int) -> requests.Session:
@@ -39,6 +39,38 @@ def _unreachable(error: requests.RequestException) -> bool:
         return True
     reason = getattr(error.args[0], "reason", None) if error.args else None
     return isinstance(reason, urllib3.exceptions.NewConnectionError)
+
+
+def served_model(get: Callable[..., Any], url: str, timeout: float, model: str | None) -> tuple[str, int | None]:
+    """The served model's name (``model``, or the first ``/v1/models`` lists) and its ``max_model_len``.
+
+    Raises:
+        ConfigError: no server answers at ``url``, it does not serve ``model``, or it lists no model.
+    """
+    try:
+        response = get(f"{url}/v1/models", timeout=timeout)
+        cards = response.json()["data"]
+        card = next((c for c in cards if c["id"] == model), None) if model else cards[0]
+        if card is None:
+            raise ConfigError(f"{url} does not serve model {model!r}; it serves {[c['id'] for c in cards]}.")
+        return str(card["id"]), card.get("max_model_len")
+    except (requests.ConnectionError, requests.Timeout) as e:
+        raise ConfigError(
+            f"no vLLM server answers at {url} ({type(e).__name__}). Start one, e.g. `trl vllm-serve --model "
+            f"MODEL` or `vllm serve MODEL --logprobs-mode processed_logprobs`, or fix the URL (GRPOConfig "
+            "vllm_server_base_url, or base_url=)."
+        ) from e
+    except (KeyError, IndexError, ValueError, TypeError) as e:
+        raise ConfigError(f"{url}/v1/models did not list a model; is this a vLLM server?") from e
+
+
+def logprobs_mode(get: Callable[..., Any], url: str, timeout: float) -> Any:
+    """The ``logprobs_mode`` the server reports in ``/server_info``; ``None`` where it reports none."""
+    try:
+        response = get(f"{url}/server_info", timeout=timeout)
+        return _find_key(response.json(), "logprobs_mode") if response.status_code == 200 else None
+    except Exception:  # noqa: BLE001  # /server_info is optional (dev mode only)
+        return None
 
 
 def parse_completions(

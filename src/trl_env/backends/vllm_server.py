@@ -35,7 +35,14 @@ from trl_env.backends.base import (
     Sampling,
     vllm_sampling,
 )
-from trl_env.backends.vllm_http import _find_key, _http_session, _unreachable, parse_completion, parse_completions
+from trl_env.backends.vllm_http import (
+    _http_session,
+    _unreachable,
+    logprobs_mode,
+    parse_completion,
+    parse_completions,
+    served_model,
+)
 from trl_env.errors import ConfigError, ServerError
 
 __all__ = ["VLLMServerGenerator", "parse_completion", "parse_completions"]
@@ -129,8 +136,7 @@ class VLLMServerGenerator(GeneratorBase):
         self._lock = threading.Lock()
         self._in_flight = dict.fromkeys(self.urls, 0)
         self._failed_at = dict.fromkeys(self.urls, -math.inf)  # when a request last failed there (monotonic s)
-        self._context_limit: int | None = None
-        self.served_model = self._discover_model(connect_timeout, model)
+        self.served_model, self._context_limit = served_model(self._get, self.urls[0], connect_timeout, model)
         self.model = self.served_model
         """The ``model`` field of requests: the served model, or a LoRA adapter's name once one is loaded."""
         self._lora_step: int | None = None
@@ -380,31 +386,8 @@ class VLLMServerGenerator(GeneratorBase):
 
     # -- start-up checks --------------------------------------------------------------------------
 
-    def _discover_model(self, connect_timeout: float, model: str | None) -> str:
-        url = self.urls[0]
-        try:
-            response = self._get(f"{url}/v1/models", timeout=connect_timeout)
-            cards = response.json()["data"]
-            card = next((c for c in cards if c["id"] == model), None) if model else cards[0]
-            if card is None:
-                raise ConfigError(f"{url} does not serve model {model!r}; it serves {[c['id'] for c in cards]}.")
-            self._context_limit = card.get("max_model_len")
-            return str(card["id"])
-        except (requests.ConnectionError, requests.Timeout) as e:
-            raise ConfigError(
-                f"no vLLM server answers at {url} ({type(e).__name__}). Start one, e.g. `trl vllm-serve --model "
-                f"MODEL` or `vllm serve MODEL --logprobs-mode processed_logprobs`, or fix the URL (GRPOConfig "
-                "vllm_server_base_url, or base_url=)."
-            ) from e
-        except (KeyError, IndexError, ValueError, TypeError) as e:
-            raise ConfigError(f"{url}/v1/models did not list a model; is this a vLLM server?") from e
-
     def _check_logprobs_mode(self, connect_timeout: float) -> None:
-        try:
-            response = self._get(f"{self.urls[0]}/server_info", timeout=connect_timeout)
-            mode = _find_key(response.json(), "logprobs_mode") if response.status_code == 200 else None
-        except Exception:  # noqa: BLE001  # /server_info is optional (dev mode only)
-            return
+        mode = logprobs_mode(self._get, self.urls[0], connect_timeout)
         if mode is not None and "processed" not in str(mode):
             logger.warning(
                 "The vLLM server at %s reports logprobs_mode=%s: its logprobs ignore temperature and other "
