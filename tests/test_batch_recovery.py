@@ -159,3 +159,29 @@ def test_bench_recovery_quick_runs_both_recoveries_side_by_side(tmp_path):
     data = json.loads((tmp_path / "bench_recovery.json").read_text())
     lost = {(r["case"], r["variant"].split()[0]): r["runs"][0]["healthy_failed"] for r in data["results"]}
     assert lost[("timeout", "now")] == 0 and lost[("timeout", "before")] == 16, lost
+
+
+def test_against_real_vllm_a_batch_that_times_out_and_holds_a_poisoned_prompt_costs_only_that_prompt(vllm_server):
+    """The real server answers the halves; the seam adds the faults: a read timeout over 4 prompts, a poisoned one."""
+    from trl_env.backends.vllm_server import VLLMServerGenerator
+
+    session, sizes = requests.Session(), []
+
+    def post(url, json, timeout):
+        sizes.append(len(prompts_of(json)))
+        if len(prompts_of(json)) > 4:
+            raise requests.ReadTimeout("Read timed out. (read timeout=300)")
+        if [5, 6, 0] in prompts_of(json):
+            return Response(500, text="engine error")
+        return session.post(url, json=json, timeout=timeout)
+
+    gen = VLLMServerGenerator(vllm_server.base_url, post=post, retries=1, backoff=0.01, max_batch=8)
+    try:
+        futures = gen.submit([GenerationRequest([5, 6, i], 4, ()) for i in range(8)])
+        answered = [f.result(timeout=120) for f in futures[1:]]
+        with pytest.raises(ServerError, match="HTTP 500: engine error"):
+            futures[0].result(timeout=120)
+    finally:
+        gen.close()
+    assert all(len(g.token_ids) == len(g.logprobs) > 0 for g in answered)
+    assert sorted(sizes) == [1, 1, 1, 2, 2, 2, 4, 4, 4, 8, 8]  # 8 x2 (timeouts), [0-3] x2 + [4-7], ..., [0] x2 + [1]
