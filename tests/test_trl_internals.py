@@ -103,6 +103,9 @@ def test_pin_calculate_rewards_signature_and_private_attributes(tmp_path, model,
     assert isinstance(trainer._logs["advantages"], collections.deque)
     assert set(trainer._metrics) == {"train", "eval"}
     assert isinstance(trl_internals.metrics(trainer, "train"), collections.defaultdict)
+    assert isinstance(trainer._pending_extra_logs, collections.defaultdict)  # spread_pending_extras reads it
+    scoring = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    assert "self._pending_extra_logs.get(column, [None] * len(prompts))" in scoring  # flushed beside the rows
     generate = inspect.getsource(GRPOTrainer._generate)  # what sync_weights_once_per_step replays
     assert "self.state.global_step != self._last_loaded_step" in generate
     assert "self.vllm_generation.sync_weights()" in generate

@@ -26,6 +26,7 @@ from trl_env.integrations.trl_internals import (
     replace_logged_advantages,
     require_tested_trl,
     scoring_rows,
+    spread_pending_extras,
     sync_weights_once_per_step,
     tokenizer_of,
 )
@@ -262,6 +263,7 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
         if per_token is not None:  # a row's logged advantage: the mean over its model tokens
             row_advantages = torch.tensor([_mean_on(a, m) for a, m in zip(per_token, rows["env_mask"], strict=False)]
                                           + [0.0] * pad)  # fmt: skip
+        spread_pending_extras(self, episode)  # log_extra values came per episode: TRL logs them beside each row
         with scoring_rows(self, rows, row_rewards, generations):  # TRL's own statistics are replaced below
             output = super()._generate_and_score_completions(row_inputs)
         output["advantages"] = row_advantages.to(output["advantages"].device)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from trl_env.errors import ERROR_KINDS
+from trl_env.integrations.trl_internals import metric_lists
 from trl_env.processors.base import ParseStatus
 from trl_env.rollout.records import Ending, Rollout
 
@@ -17,14 +18,14 @@ def log_metrics(trainer: Any, rollouts: Sequence[Rollout]) -> None:
     Every process calls this with its own rollouts; sums are gathered across processes first, so
     the rates and means describe every episode of the step, not process 0's.
     """
-    metrics = getattr(trainer, "_metrics", None)
+    metrics = metric_lists(trainer)
     if metrics is None:
         return
     turns = [t for r in rollouts for t in r.turns]
     sums = {
         "episodes": len(rollouts),
         "turns": len(turns),
-        "model_tokens": sum(sum(r.env_mask) for r in rollouts),
+        "model_tokens": sum(sum(row.env_mask) for r in rollouts for row in r.rows),  # every row: deployed has several
         "generation_s": sum(t.generation_s for t in turns),
         "step_s": sum(t.env_s for t in turns),
     }

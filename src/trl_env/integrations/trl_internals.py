@@ -140,6 +140,22 @@ def replace_logged_advantages(trainer: Any, every: list[float]) -> None:
     logged.extend(every[len(every) - kept :])
 
 
+def spread_pending_extras(trainer: Any, episode_of_row: list[int]) -> None:
+    """Make the ``log_extra`` values reward functions gave per episode one per row (``None`` on padding rows, -1).
+
+    TRL's ``_log_completion_extra`` queues them on ``_pending_extra_logs`` and its next
+    ``_generate_and_score_completions`` logs them beside that call's completions, which are rows here.
+    """
+    pending = trainer._pending_extra_logs
+    for column, values in list(pending.items()):
+        pending[column] = [values[e] if 0 <= e < len(values) else None for e in episode_of_row]
+
+
+def metric_lists(trainer: Any) -> Any:
+    """TRL's ``trainer._metrics`` (mode -> key -> values), or ``None`` for a trainer without it (a stand-in)."""
+    return getattr(trainer, "_metrics", None)
+
+
 def metrics(trainer: Any, mode: str) -> Any:
     """TRL's per-mode metric lists (``trainer._metrics[mode]``: key -> values appended per step, averaged at log)."""
     return trainer._metrics[mode]

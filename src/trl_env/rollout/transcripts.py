@@ -22,10 +22,11 @@ def write_transcripts(
 ) -> None:
     """Append one JSON line per episode to ``path``.
 
-    A line holds the step, the process index, the mode (``train``/``eval``), seed, ending, reward,
-    error, info, the turns (text, action, delta, reward) and, when ``tokenizer`` is given, the whole
-    decoded conversation. The lines of one call are written at once under an exclusive file lock,
-    so processes sharing the file never interleave.
+    A line holds the step, the process index, the mode (``train``/``eval``), seed, ending, reward, error, info,
+    the turns (text, action, delta, reward) and, when ``tokenizer`` is given, the decoded ``conversation`` (the
+    last training row: its context and completion) and, for an episode of several rows (``history="deployed"``),
+    ``rows``: every row decoded, in turn order. The lines of one call are written at once under an exclusive file
+    lock, so processes sharing the file never interleave.
     """
     lines = []
     for r in rollouts:
@@ -45,7 +46,10 @@ def write_transcripts(
             ],
         }
         if tokenizer is not None:
-            record["conversation"] = tokenizer.decode(r.prompt_ids + r.completion_ids, skip_special_tokens=False)
+            texts = [tokenizer.decode(row.prompt_ids + row.completion_ids, skip_special_tokens=False) for row in r.rows]
+            record["conversation"] = texts[-1]
+            if len(texts) > 1:  # history="deployed": each training row, as the sampler saw it
+                record["rows"] = texts
         lines.append(json.dumps(record, ensure_ascii=False, default=str) + "\n")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "a", encoding="utf-8") as f, _locked(f):

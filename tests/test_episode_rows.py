@@ -1,0 +1,80 @@
+"""What reads a Rollout reads every row: metrics, transcripts and reward functions' log_extra, for episodes of several
+rows (history="deployed") as for one."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from types import SimpleNamespace
+
+from test_history import ReplyGenerator
+from test_history_grpo import NumberedTalkEnv, thinking_tokenizer, thinks_by_episode
+
+from trl_env import make_rollout_func
+from trl_env.backends.base import FinishReason
+from trl_env.integrations.metrics import log_metrics
+from trl_env.processors import from_tokenizer
+from trl_env.rollout import Ending, Rollout, Row, Turn
+from trl_env.rollout.transcripts import write_transcripts
+
+
+def turn(text: str) -> Turn:
+    return Turn(text, "", text, "ok", 1.0, FinishReason.STOP, 2, 1, 0.0, 0.0)
+
+
+def two_row_rollout() -> Rollout:
+    """A deployed episode: the second turn's context rewrote the first, so two rows; the own lists are the last."""
+    first = Row([1, 2], [10, 11, 3], [-0.1, -0.2, 0.0], [1, 1, 0], turns=1)
+    last = Row([1, 2, 4], [12, 13, 14], [-0.3, -0.4, -0.5], [1, 1, 1], turns=1)
+    return Rollout("s", last.prompt_ids, last.completion_ids, last.logprobs, last.env_mask, (turn("a"), turn("b")),
+                   1.0, Ending.ENV_DONE, rows=(first, last))  # fmt: skip
+
+
+def test_model_token_metric_counts_every_row_of_a_deployed_episode():
+    trainer = SimpleNamespace(_metrics={"train": defaultdict(list)}, model=SimpleNamespace(training=True))
+    one_row = Rollout("t", [1], [5, 6], [-0.1, -0.1], [1, 1], (turn("c"),), 0.0, Ending.ENV_DONE)
+    log_metrics(trainer, [two_row_rollout(), one_row])
+    assert trainer._metrics["train"]["env/model_tokens_mean"] == [(2 + 3 + 2) / 2]  # the last row alone gave 2.5
+
+
+def test_transcripts_write_every_row_of_a_deployed_episode(tmp_path, tokenizer):
+    path = tmp_path / "t.jsonl"
+    r = two_row_rollout()
+    write_transcripts(path, [r], tokenizer=tokenizer)
+    (line,) = [json.loads(x) for x in path.read_text().splitlines()]
+    assert line["rows"] == [tokenizer.decode(w.prompt_ids + w.completion_ids) for w in r.rows]
+    assert line["conversation"] == line["rows"][-1]
+
+
+def test_log_extra_values_of_reward_functions_land_beside_their_episodes_rows(tmp_path, model, tokenizer):
+    """A reward function logs one value per episode; EpisodeGRPOTrainer's completions table has one line per row:
+    each row's value is its episode's (they were misaligned: episode values beside row completions)."""
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from trl_env.integrations.episode_trainer import EpisodeGRPOTrainer
+
+    def turns_logged(completions, env_turns, log_extra=None, **kwargs):
+        log_extra("turns", [float(t) for t in env_turns])
+        return [0.1 * t for t in env_turns]
+
+    tok = thinking_tokenizer(tokenizer)
+    processor = from_tokenizer(tok)
+    gen = ReplyGenerator(tok, processor, think=thinks_by_episode)
+    func = make_rollout_func(NumberedTalkEnv, processor, history="deployed", generator=gen, max_turns=3, env_workers=1)
+    seen = []
+    rollouts = func.rollouts
+    func.rollouts = lambda prompts, trainer: seen.append(rollouts(prompts, trainer)) or seen[-1]
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4,
+                      max_completion_length=128, max_steps=1, logging_steps=1, report_to=[], save_strategy="no",
+                      use_cpu=True, bf16=False, seed=0)  # fmt: skip
+    trainer = EpisodeGRPOTrainer(model=model, reward_funcs=[turns_logged], args=args, processing_class=tok,
+                                 train_dataset=Dataset.from_dict({"prompt": ["1", "2"] * 8}),
+                                 rollout_func=func)  # fmt: skip
+    trainer.train()
+    (episodes,) = seen
+    expected = [float(len(r.turns)) for r in episodes for _ in r.rows]
+    assert len(expected) > len(episodes), "some episode has several rows"
+    logged = list(trainer._logs["extra"]["turns"])
+    assert len(logged) == len(trainer._logs["prompt"])  # one value per logged completion (row)
+    assert logged == expected[-len(logged) :]  # TRL's logs keep the last generation_batch_size completions
