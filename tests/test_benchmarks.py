@@ -5,6 +5,8 @@ work. bench_scheduling runs against the session's real vLLM server fixture (skip
 TRL_ENV_REQUIRE_VLLM=1); bench_scale's --quick mode uses its local stand-in server and bench_turn_cost needs
 no server, so both run everywhere. bench_async starts its own vLLM server with LoRA enabled (it needs the
 trainer's adapter sync), so it needs .venv-vllm too. bench_credit trains the tiny model in process (no server).
+bench_sandbox needs what the sandbox needs (Linux, bubblewrap, root or user namespaces) and the git history (it
+extracts the sandbox at 37d30fd with git archive); it is skipped without them.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "benchmarks"
@@ -73,3 +77,25 @@ def test_bench_credit_quick_trains_every_estimator_side_by_side(tmp_path):
     assert len({r["rewards"][0] for r in data["runs"]}) == 1  # same seed: the same first batch under every estimator
     assert (tmp_path / "credit_curves.png").stat().st_size > 10_000
     assert "final reward" in (tmp_path / "credit.md").read_text()
+
+
+def test_bench_sandbox_quick_times_the_current_sandbox_against_an_older_revision(tmp_path):
+    """Sandbox.run: the current source and the sandbox at 37d30fd (git archive), 2 interleaved runs each."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the sandbox is Linux-only")
+    if subprocess.run(
+        ["git", "cat-file", "-e", "37d30fd:src/trl_env/sandbox"], cwd=REPO, capture_output=True
+    ).returncode:
+        pytest.skip("no git history with 37d30fd here (the benchmark extracts the older sandbox from it)")
+    from trl_env.errors import SandboxUnavailableError
+    from trl_env.sandbox import Sandbox
+
+    try:
+        Sandbox().run("pass")
+    except SandboxUnavailableError as e:
+        pytest.skip(f"no sandbox here: {e}")
+    text = run_quick("bench_sandbox.py", tmp_path)
+    assert "| pass | 37d30fd (--against) | 2 |" in text and "| sum loop 10**5 | current (" in text, text
+    data = json.loads((tmp_path / "bench_sandbox.json").read_text())
+    assert data["against"] == "37d30fd" and len(data["results"]) == 4
+    assert all(len(r["wall_ms"]) == 2 and min(r["wall_ms"]) > 0 for r in data["results"]), data
