@@ -123,9 +123,15 @@ def check_rows(rollouts, generator, tokenizer, processor, seeds, *, template_kwa
                 if k < len(rollout.turns):  # env text up to the next turn's prompt (if it extends this row)
                     nxt = prompts[k]
                     env = render(tokenizer, nxt, template_kwargs)
-                    ids = list(tokenizer.encode(env, add_special_tokens=False))
-                    if ids[: len(row.prompt_ids) + offset] == row.prompt_ids + row.completion_ids[:offset]:
-                        extra = len(ids) - len(row.prompt_ids) - offset
+                    so_far = row.prompt_ids + row.completion_ids[:offset]
+                    if ids_level:
+                        ids = list(tokenizer.encode(env, add_special_tokens=False))
+                        extra = len(ids) - len(so_far) if ids[: len(so_far)] == so_far else None
+                    else:  # env text spelling special tokens is plain text in the row: find it by its text
+                        extra = next((t for t in range(len(row.completion_ids) - offset + 1) if tokenizer.decode(
+                            so_far + row.completion_ids[offset : offset + t], skip_special_tokens=False) == env),
+                            None)  # fmt: skip
+                    if extra is not None:
                         assert row.env_mask[offset : offset + extra] == [0] * extra
                         assert row.logprobs[offset : offset + extra] == [0.0] * extra
                         offset += extra

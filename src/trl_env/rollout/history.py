@@ -8,6 +8,8 @@ deployment does; env text stays plain text. With a ``ToolProcessor``, a reply wi
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import re
 from collections.abc import Mapping
@@ -28,6 +30,7 @@ Message = dict[str, Any]
 """A chat message: ``role``, ``content``; an assistant's ``tool_calls``; a tool result's ``tool_call_id``, ``name``."""
 _MARK = "TRLENVHISTORY5b1e{}Q"  # plain text no template rewrites; locates each env text in a rendering
 _MARKS = re.compile(r"TRLENVHISTORY5b1e(\d+)Q")
+_REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
 
 
 class History(str, Enum):
@@ -122,13 +125,29 @@ class DeployedHistory:
         head = [] if system is None else [{"role": "system", "content": system}]
         return [*head, {"role": "user", "content": observation}]
 
-    def reply(self, text: str) -> Message:
-        """The sampled turn as an assistant message: its text without the end-of-turn token(s) the template writes.
+    @functools.cached_property
+    def reasoning_field(self) -> str | None:
+        """The message field a chat pipeline sends a past reply's reasoning in, for this template; ``None``: none.
 
-        Where the template reads reasoning from a field of its own (gpt-oss), the reply is split with the processor.
-        A ``ToolProcessor`` reply with calls carries them as ``tool_calls`` (ids ``call_0``, ... as in the probes
-        the format was read with; arguments a JSON string where the template wants one), its content the text
-        before the first call; a malformed call stays in the content as written.
+        The processor's own (gpt-oss: ``thinking``), else the first of ``reasoning_content``, ``reasoning``,
+        ``thinking`` the template reads (Qwen 3 and later, Nemotron 3, GLM-4 MoE, Gemma 4, LFM 2.5, Muse Glimmer);
+        ``None`` where it reads none (DeepSeek R1 and V3 read the reasoning off the content).
+        """
+        declared = getattr(self.base, "reasoning_field", None)
+        if declared:
+            return str(declared)
+        template = str(getattr(self.tokenizer, "chat_template", "") or "")
+        return next((f for f in _REASONING_FIELDS if re.search(rf"[.'\"]{f}\b", template)), None)
+
+    def reply(self, text: str) -> Message:
+        """The sampled turn as the assistant message a chat pipeline sends back: without its end-of-turn token(s).
+
+        A reply with reasoning carries it as deployments do: in the template's ``reasoning_field`` (the reasoning
+        and the text after it, each stripped, as the processor parses them), else in the content with the opener
+        the generation prompt wrote (``<think>``: the model never sampled it). A ``ToolProcessor`` reply with
+        calls carries them as ``tool_calls`` (ids ``call_0``, ... as in the probes the format was read with;
+        arguments a JSON string where the template wants one), its content the text before the first call; a
+        malformed call stays in the content as written.
         """
         sampled = text
         stops = [str(s) for s in getattr(self.processor, "stop_strings", ())] if isinstance(
@@ -144,12 +163,26 @@ class DeployedHistory:
         if isinstance(self.processor, ToolProcessor):
             parsed = self.processor.parse(sampled)
             if parsed.status is ParseStatus.TOOL_CALL and isinstance(parsed.action, ToolCalls):
-                content = self._opened(self._before_calls(text.split(self.processor.format.call_marker, 1)[0]))
-                return self._with_calls(content, parsed.action)
-        if family is not None and family.reasoning_field is not None:
+                head = self._before_calls(text.split(self.processor.format.call_marker, 1)[0])
+                return self._with_calls(self._carried(head), parsed.action)
+        if family is not None and family.reasoning_field is not None:  # gpt-oss: its processor splits every reply
             parsed = family.parse(text)
             return {"role": "assistant", "content": parsed.action, family.reasoning_field: parsed.reasoning}
-        return {"role": "assistant", "content": text}
+        return {"role": "assistant", **self._carried(text)}
+
+    def _carried(self, text: str) -> Message:
+        """``content`` (and the reasoning field) of a reply's ``text``, as a chat pipeline sends them back."""
+        family = self.base if isinstance(self.base, FamilyProcessor) else None
+        field = self.reasoning_field
+        if family is None or field is None:
+            return {"content": self._opened(text)}
+        if getattr(family, "action_tags", None) is not None:  # the content is all the text after the reasoning
+            family = dataclasses.replace(family, action_tags=None)  # type: ignore[type-var]  # a dataclass family
+        parsed = family.parse(text)
+        tags = family.reasoning_tags
+        if parsed.reasoning or parsed.status is ParseStatus.CUT_IN_REASONING or (tags and tags[1] in text):
+            return {"content": parsed.action, field: parsed.reasoning}
+        return {"content": self._opened(text)}
 
     def _before_calls(self, head: str) -> str:
         """The reply's content before its calls, as the template takes it.
@@ -177,7 +210,7 @@ class DeployedHistory:
         prompt = self.base.init_system_input("")
         return prompt[prompt.rfind(tags[0]) :] + content if tags[0] in prompt else content
 
-    def _with_calls(self, content: str, action: ToolCalls) -> Message:
+    def _with_calls(self, carried: Message, action: ToolCalls) -> Message:
         assert isinstance(self.processor, ToolProcessor)
         as_text = self.processor.format.args_as_text  # DeepSeek V3 concatenates the arguments as a string
         calls = [
@@ -188,7 +221,7 @@ class DeployedHistory:
             }
             for i, c in enumerate(action.calls)
         ]
-        return {"role": "assistant", "content": content, "tool_calls": calls}
+        return {"role": "assistant", **carried, "tool_calls": calls}
 
     def answer(self, delta: str) -> list[Message]:
         """The env's answer: one ``tool`` message per result (with its call's id and name), else a user message."""
