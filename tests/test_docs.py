@@ -15,7 +15,7 @@ import pytest
 import trl_env
 
 ROOT = Path(__file__).parent.parent
-INTEGRATIONS = ["grpo", "options", "rows", "metrics", "async_grpo", "openenv", "textarena", "reasoning_gym"]
+INTEGRATIONS = ["grpo", "options", "episode_trainer", "metrics", "async_grpo", "openenv", "textarena", "reasoning_gym"]
 INTEGRATIONS += ["textworld"]
 
 

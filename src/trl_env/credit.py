@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from trl_env.advantages import ASYNC_RULE, group_advantages
 from trl_env.episode_credit import EpisodeCredit, token_advantages
 from trl_env.errors import ConfigError
 
@@ -34,8 +35,8 @@ __all__ = [
     "token_advantages",
 ]
 
-EPS = 1e-8
-"""The epsilon of ``(x - mean) / (std + eps)``, TRL async GRPO's (``group_advantages``)."""
+EPS = ASYNC_RULE.eps
+"""The epsilon of ``(x - mean) / (std + eps)``, TRL async GRPO's (``trl_env.advantages.ASYNC_RULE``)."""
 
 Scale = Literal["group", "none"]
 
@@ -93,12 +94,8 @@ class EpisodeAdvantage:
 
     def per_episode(self, group: Sequence[EpisodeCredit]) -> list[float | None]:
         """One advantage per episode (``None`` for a failed one)."""
-        scored = [e.total for e in group if not e.failed]
-        if not scored:
-            return [None] * len(group)
-        mean, std = _mean_std(scored)
-        scale = std + EPS if self.scale_rewards == "group" else 1.0
-        return [None if e.failed else (e.total - mean) / scale for e in group]
+        totals = [None if e.failed else e.total for e in group]
+        return group_advantages(totals, ASYNC_RULE, scale=self.scale_rewards == "group")
 
 
 @dataclass(frozen=True)
@@ -160,11 +157,14 @@ class NaivePerTurnIndex:
     def __call__(self, group: Sequence[EpisodeCredit]) -> Advantages:
         """Per episode, one advantage per turn; ``None`` for a failed episode."""
         scored = [e.turn_rewards for e in group if not e.failed]
-        stats = []
-        for t in range(max(map(len, scored), default=0)):
-            mean, std = _mean_std([r[t] for r in scored if t < len(r)])
-            stats.append((mean, std + EPS if self.scale_rewards == "group" else 1.0))
-        normalised = [[(x - stats[t][0]) / stats[t][1] for t, x in enumerate(r)] for r in scored]
+        normalised: list[list[float]] = [[] for _ in scored]
+        for t in range(max(map(len, scored), default=0)):  # over the episodes still alive at turn index t
+            at_t = group_advantages(
+                [r[t] if t < len(r) else None for r in scored], ASYNC_RULE, scale=self.scale_rewards == "group"
+            )
+            for n, a in zip(normalised, at_t, strict=True):
+                if a is not None:
+                    n.append(a)
         return _place(group, [returns_to_go(n, self.gamma) for n in normalised])
 
 
@@ -205,11 +205,10 @@ class GiGPO:
             if len(cells) < 2:
                 continue
             formed += 1
-            values = [returns[i][t] for i, t in cells]  # type: ignore[index]  # scored episodes only
-            mean, std = _mean_std(values)
-            scale = std + EPS if self.scale_rewards == "group" else 1.0
-            for (i, t), v in zip(cells, values, strict=True):
-                out[i][t] = (v - mean) / scale  # type: ignore[index]
+            values: list[float | None] = [returns[i][t] for i, t in cells]  # type: ignore[index]  # scored only
+            normalised = group_advantages(values, ASYNC_RULE, scale=self.scale_rewards == "group")
+            for (i, t), a in zip(cells, normalised, strict=True):
+                out[i][t] = a  # type: ignore[index,assignment]  # a scored episode's list, and a float
         return out, formed
 
 

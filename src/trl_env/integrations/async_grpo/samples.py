@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from trl_env.advantages import ASYNC_RULE
+from trl_env.advantages import group_advantages as _group_advantages
 from trl_env.credit import EpisodeCredit, credit_metrics
 from trl_env.integrations.metrics import log_metrics
 from trl_env.integrations.trl_internals import rollout_sample_type
@@ -25,8 +27,8 @@ from trl_env.rollout.records import Row, Turn
 if TYPE_CHECKING:
     from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
-ADVANTAGE_EPS = 1e-8
-"""TRL async's epsilon in ``(r - mean) / (std + eps)`` (``_score_group``)."""
+ADVANTAGE_EPS = ASYNC_RULE.eps
+"""TRL async's epsilon in ``(r - mean) / (std + eps)`` (``_score_group``): ``trl_env.advantages.ASYNC_RULE``."""
 
 ScaleRewards = Literal["group", "none"]
 Unscored = Literal["zero", "drop"]
@@ -35,17 +37,11 @@ Unscored = Literal["zero", "drop"]
 def group_advantages(rewards: Sequence[float | None], scale_rewards: ScaleRewards = "group") -> list[float | None]:
     """TRL async GRPO's advantages for one group: ``None`` (unscored) members are out of the statistics.
 
-    ``(r - mean) / (std + 1e-8)`` over the scored members, with numpy's population std (ddof=0), as TRL's
-    ``AsyncRolloutWorker._score_group``; ``scale_rewards="none"`` gives ``r - mean``. Unscored members stay
-    ``None``. A non-finite reward counts as unscored.
+    ``(r - mean) / (std + 1e-8)`` over the scored members, with the population std (ddof=0), as TRL's
+    ``AsyncRolloutWorker._score_group`` (``trl_env.advantages.ASYNC_RULE``); ``scale_rewards="none"`` gives
+    ``r - mean``. Unscored members stay ``None``. A non-finite reward counts as unscored.
     """
-    finite = [r if r is not None and math.isfinite(r) else None for r in rewards]
-    scored = np.asarray([r for r in finite if r is not None], dtype=np.float64)
-    if scored.size == 0:
-        return [None] * len(finite)
-    mean, std = float(scored.mean()), float(scored.std())
-    scale = std + ADVANTAGE_EPS if scale_rewards == "group" else 1.0
-    return [None if r is None else (r - mean) / scale for r in finite]
+    return _group_advantages(rewards, ASYNC_RULE, scale=scale_rewards == "group")
 
 
 @dataclass(frozen=True)
