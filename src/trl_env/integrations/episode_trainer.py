@@ -17,12 +17,12 @@ from typing import Any
 import torch
 from trl import GRPOTrainer
 
+from trl_env.advantages import GRPO_RULE, group_normalise, nan_std
 from trl_env.credit import CreditEstimator, EpisodeCredit, credit_estimator, credit_metrics, estimate, token_advantages
 from trl_env.errors import ConfigError
 from trl_env.integrations.grpo import RolloutFunction, RolloutOutput, env_reward
 from trl_env.integrations.trl_internals import (
     metrics,
-    nanstd,
     replace_logged_advantages,
     require_tested_trl,
     scoring_rows,
@@ -58,6 +58,13 @@ def to_trl_rows(rollouts: Sequence[Rollout], *, mask_truncated: bool = False) ->
     return output, episode_of_row
 
 
+def weighted_rewards(rewards_per_func: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """TRL's weighted reward per episode, ``sum_k w_k R_k`` over the functions that scored it; NaN where none did."""
+    rewards = (rewards_per_func * weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
+    rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+    return rewards
+
+
 def episode_advantages(
     rewards_per_func: torch.Tensor,
     weights: torch.Tensor,
@@ -72,30 +79,22 @@ def episode_advantages(
     entry NaN (a failed one) is out of its group's mean and std and gets advantage 0. Consecutive ``num_generations``
     episodes form a group. Returns the advantages and the weighted rewards (NaN for unscorable episodes).
     """
-    unscorable = torch.isnan(rewards_per_func).all(dim=1)
     weights = weights.to(rewards_per_func.device)
     if aggregation == "sum_then_normalize":
-        rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
-        rewards[unscorable] = torch.nan
-        mean = torch.nanmean(rewards.view(-1, num_generations), dim=1).repeat_interleave(num_generations)
+        rewards = weighted_rewards(rewards_per_func, weights)
+        by_group = rewards.view(-1, num_generations)
         if scale_rewards == "batch":
-            std = nanstd(rewards).expand_as(rewards) if rewards.numel() > 1 else torch.zeros_like(rewards)
-        elif num_generations > 1:
-            std = nanstd(rewards.view(-1, num_generations), dim=1).repeat_interleave(num_generations)
+            std = nan_std(rewards).expand_as(rewards) if rewards.numel() > 1 else torch.zeros_like(rewards)
+            advantages = group_normalise(by_group, GRPO_RULE, scale=False).flatten() / (std + GRPO_RULE.eps)
         else:
-            std = torch.zeros_like(rewards)
-        advantages = rewards - mean
-        if scale_rewards != "none":
-            advantages = advantages / (std + 1e-4)
+            advantages = group_normalise(by_group, GRPO_RULE, scale=scale_rewards != "none").flatten()
     elif aggregation == "normalize_then_sum":
         grouped = rewards_per_func.view(-1, num_generations, rewards_per_func.size(1))
-        mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
-        std_k = nanstd(grouped, dim=1, keepdim=True) if num_generations > 1 else torch.zeros_like(mean_k)
-        reward_k = ((grouped - mean_k) / (std_k + 1e-4)).view(-1, rewards_per_func.size(1))
+        reward_k = group_normalise(grouped, GRPO_RULE).view(-1, rewards_per_func.size(1))  # each function's own
         rewards = (reward_k * weights.unsqueeze(0)).nansum(dim=1)
-        rewards[unscorable] = torch.nan
-        std = nanstd(rewards).expand_as(rewards) if rewards.numel() > 1 else torch.zeros_like(rewards)
-        advantages = (rewards - torch.nanmean(rewards)) / (std + 1e-4)
+        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        std = nan_std(rewards).expand_as(rewards) if rewards.numel() > 1 else torch.zeros_like(rewards)
+        advantages = (rewards - torch.nanmean(rewards)) / (std + GRPO_RULE.eps)
     else:
         raise ConfigError(f"multi_objective_aggregation={aggregation!r}: expected 'sum_then_normalize' or "
                           "'normalize_then_sum'.")  # fmt: skip
@@ -316,8 +315,7 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
         estimator = credit_estimator(credit, self.scale_rewards)  # type: ignore[arg-type]  # "group"/"none": __init__
         assert estimator is not None, "called for a credit other than 'episode'"
         weights = self.reward_weights.to(rewards_per_func.device)
-        totals = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
-        totals[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        totals = weighted_rewards(rewards_per_func, weights)
         columns = env_reward_columns(self.reward_funcs)
         _check_env_reward_scores(rewards_per_func[local], columns, rollouts, self.reward_func_names)
         env_weight = float(sum(weights[i].item() for i in columns))
@@ -336,13 +334,12 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
     ) -> None:
         """Replace the reward statistics TRL just logged per row with the episodes' (as GRPOTrainer logs them)."""
         logged = metrics(self, mode)
-        weighted = (rewards_per_func * self.reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
-        weighted[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        weighted = weighted_rewards(rewards_per_func, self.reward_weights)
         for i, name in enumerate(self.reward_func_names):
             logged[f"rewards/{name}/mean"][-1] = torch.nanmean(rewards_per_func[:, i]).item()
-            logged[f"rewards/{name}/std"][-1] = nanstd(rewards_per_func[:, i]).item()
+            logged[f"rewards/{name}/std"][-1] = nan_std(rewards_per_func[:, i]).item()
         logged["reward"][-1] = torch.nanmean(weighted).item()
-        logged["reward_std"][-1] = nanstd(weighted).item()
-        std = nanstd(weighted.view(-1, group), dim=1) if group > 1 else torch.zeros(len(weighted) // group)
+        logged["reward_std"][-1] = nan_std(weighted).item()
+        std = nan_std(weighted.view(-1, group), dim=1) if group > 1 else torch.zeros(len(weighted) // group)
         logged["frac_reward_zero_std"][-1] = torch.isclose(std, torch.zeros_like(std)).float().mean().item()
         logged["episodes"].append(float(len(advantages)))

@@ -161,13 +161,6 @@ def metrics(trainer: Any, mode: str) -> Any:
     return trainer._metrics[mode]
 
 
-def nanstd(values: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-    """TRL's ``nanstd`` (``trl.trainer.utils``), so that logged stds are TRL's own."""
-    from trl.trainer.utils import nanstd as trl_nanstd
-
-    return trl_nanstd(values, **kwargs)  # type: ignore[no-any-return]  # trl is untyped
-
-
 # --- trl.experimental.async_grpo ------------------------------------------------------------------------------------
 
 
