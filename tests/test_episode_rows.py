@@ -78,3 +78,18 @@ def test_log_extra_values_of_reward_functions_land_beside_their_episodes_rows(tm
     logged = list(trainer._logs["extra"]["turns"])
     assert len(logged) == len(trainer._logs["prompt"])  # one value per logged completion (row)
     assert logged == expected[-len(logged) :]  # TRL's logs keep the last generation_batch_size completions
+
+
+def test_to_trl_refuses_an_episode_of_several_rows_and_to_trl_rows_gives_each():
+    """to_trl gave a deployed episode's last row silently; one rule (to_trl_rows) now serves both."""
+    import pytest
+
+    from trl_env import ConfigError, to_trl
+    from trl_env.integrations.grpo import to_trl_rows
+
+    r, one = two_row_rollout(), Rollout("t", [1], [5, 6], [-0.1, -0.1], [1, 1], (turn("c"),), 0.0, Ending.ENV_DONE)
+    with pytest.raises(ConfigError, match=r"episode 0 has 2 training rows .*use to_trl_rows"):
+        to_trl([r, one])
+    rows, episode_of_row = to_trl_rows([r, one])
+    assert episode_of_row == [0, 0, 1] and rows["completion_ids"] == [[10, 11, 3], [12, 13, 14], [5, 6]]
+    assert to_trl([one])["completion_ids"] == [one.completion_ids]

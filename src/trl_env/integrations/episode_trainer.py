@@ -20,7 +20,7 @@ from trl import GRPOTrainer
 from trl_env.advantages import GRPO_RULE, group_normalise, nan_std
 from trl_env.credit import CreditEstimator, EpisodeCredit, credit_estimator, credit_metrics, estimate, token_advantages
 from trl_env.errors import ConfigError
-from trl_env.integrations.grpo import RolloutFunction, RolloutOutput, env_reward
+from trl_env.integrations.grpo import RolloutFunction, env_reward, to_trl_rows
 from trl_env.integrations.trl_internals import (
     metrics,
     replace_logged_advantages,
@@ -30,32 +30,9 @@ from trl_env.integrations.trl_internals import (
     sync_weights_once_per_step,
     tokenizer_of,
 )
-from trl_env.rollout import Ending, History, Rollout
+from trl_env.rollout import History, Rollout
 
-__all__ = ["EpisodeGRPOTrainer", "env_reward_columns", "episode_advantages", "to_trl_rows"]
-
-
-def to_trl_rows(rollouts: Sequence[Rollout], *, mask_truncated: bool = False) -> tuple[RolloutOutput, list[int]]:
-    """TRL's dict with one entry per *row* (``Rollout.rows``), and the episode index of each row.
-
-    Every row of a failed episode (and, with ``mask_truncated``, of a truncated one) is masked out of the loss.
-    """
-    episode_of_row = [e for e, r in enumerate(rollouts) for _ in r.rows]
-    rows = [(r, row) for r in rollouts for row in r.rows]
-
-    def masked(r: Rollout) -> bool:
-        return r.ending is Ending.ERROR or (mask_truncated and r.truncated)
-
-    output = RolloutOutput(
-        prompt_ids=[row.prompt_ids for _, row in rows],
-        completion_ids=[row.completion_ids for _, row in rows],
-        logprobs=[row.logprobs for _, row in rows],
-        env_mask=[[0] * len(row.env_mask) if masked(r) else row.env_mask for r, row in rows],
-        env_reward=[r.reward for r, _ in rows],
-        env_ending=[r.ending.value for r, _ in rows],
-        env_turns=[len(r.turns) for r, _ in rows],
-    )
-    return output, episode_of_row
+__all__ = ["EpisodeGRPOTrainer", "env_reward_columns", "episode_advantages"]
 
 
 def weighted_rewards(rewards_per_func: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
