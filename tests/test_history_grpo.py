@@ -187,14 +187,3 @@ def test_plain_grpo_trainer_refuses_deployed_rows(tmp_path, model, tokenizer):
     func = make_rollout_func(FlakyTalkEnv, from_tokenizer(tok), history="deployed")
     with pytest.raises(ConfigError, match="EpisodeGRPOTrainer"):
         func(["1"], object())
-
-
-def test_deployed_rows_train_on_one_process_and_say_so(tokenizer):
-    from trl_env.integrations.episode_trainer import _check_processes
-
-    tok = thinking_tokenizer(tokenizer)
-    deployed = make_rollout_func(FlakyTalkEnv, from_tokenizer(tok), history="deployed")
-    with pytest.raises(ConfigError, match=r"history='deployed' on one process for now .* not 2; use history='sampled'"):
-        _check_processes(deployed, 2)
-    _check_processes(deployed, 1)
-    _check_processes(make_rollout_func(FlakyTalkEnv, from_tokenizer(tok), credit="gigpo"), 2)  # sampled: any number

@@ -146,6 +146,39 @@ def test_pin_generate_and_score_completions_takes_swapped_rows_and_logs_one_valu
     assert list(trainer._logs["advantages"])[-3:] == [0.5, -0.5, 0.0]
 
 
+def test_pin_micro_batch_internals_prepare_inputs_compute_loss_and_their_normalisers(tmp_path, model, tokenizer):
+    """What history="deployed"'s row micro-batches (micro_batches.py) rely on: the two methods' signatures, TRL's
+    micro-step counter, the loss types and each one's denominator, and the loss left unscaled by Trainer."""
+    from trl import GRPOTrainer
+
+    assert list(inspect.signature(GRPOTrainer._prepare_inputs).parameters) == ["self", "generation_batch"]
+    assert list(inspect.signature(GRPOTrainer._compute_loss).parameters) == ["self", "model", "inputs"]
+    assert GRPOTrainer.loss_is_scaled_for_ga is True  # Trainer.training_step back-propagates compute_loss's value
+    assert "self._step += 1" in inspect.getsource(GRPOTrainer.training_step)
+    assert "self._buffered_inputs[self._step % self.args.steps_per_generation]" in inspect.getsource(
+        GRPOTrainer._prepare_inputs
+    )
+    loss = inspect.getsource(GRPOTrainer._compute_loss)
+    named = re.findall(r"self\.loss_type (?:==|in) (\[[^\]]*\]|\"\w+\")", loss)
+    assert {n for group in named for n in re.findall(r"\"(\w+)\"", group)} == set(trl_internals.LOSS_TYPES)
+    for normaliser in [
+        "((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()",  # grpo, sapo: rows
+        "(per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)",  # bnpo: own tokens
+        "(per_token_loss * mask).sum() / (per_token_loss.size(0) * self.max_completion_length)",  # dr_grpo
+        'normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes',  # dapo...
+        "normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation",
+        "loss = (per_token_loss * mask).sum(-1).mean()",  # luspo: rows
+    ]:
+        assert normaliser in loss
+    func = make_rollout_func(GuessEnv, ChatMLProcessor(), generator=sampler(tokenizer))
+    trainer = GRPOTrainer(model=model, reward_funcs=env_reward, args=grpo_config(tmp_path, entropy_coef=0.01),
+                          processing_class=tokenizer, train_dataset=dataset(), rollout_func=func)  # fmt: skip
+    assert trl_internals.micro_step_index(trainer) == 0
+    assert trl_internals.loss_extras(trainer) == ["the entropy bonus (entropy_coef)"]
+    trainer.entropy_coef, trainer._entropy_bonus_enabled = 0.0, False
+    assert trl_internals.loss_extras(trainer) == []
+
+
 def test_pin_async_rollout_sample_fields_and_cpu_patch_targets():
     from trl.experimental.async_grpo import async_grpo_trainer, packing
 

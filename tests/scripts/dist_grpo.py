@@ -7,6 +7,11 @@ comma-separated vLLM server URLs as the second and third, every process samples 
 With ``TRL_ENV_TEST_CREDIT`` set to a ``credit=`` name, it trains with ``EpisodeGRPOTrainer`` and groups of 8 (each
 group split across the two processes), and each process also writes, per step, its episodes' credit records and the
 per-token advantages TRL trained on to ``<first argument>.rank<RANK>.json``.
+
+With ``TRL_ENV_TEST_HISTORY=deployed`` it trains ``history="deployed"`` rows (the tiny tokenizer with Qwen 3's thinking
+template, replies from tests/test_history.py's ``ReplyGenerator``; steps_per_generation and gradient_accumulation_steps
+2, groups of 8 split across the two processes) and each process writes, per generation batch, its real rows, the rows
+and tokens its micro-batches trained, and each micro-step's denominators to ``<first argument>.rank<RANK>.json``.
 """
 
 from __future__ import annotations
@@ -63,7 +68,82 @@ class Recording(EpisodeGRPOTrainer):
         return out
 
 
+class RowRecording(EpisodeGRPOTrainer):
+    """Keeps, per generation batch, this process's real rows and what its micro-batches trained."""
+
+    steps: list[dict] = []
+
+    def _prepare_inputs(self, generation_batch):
+        from trl_env.integrations.micro_batches import trained_tokens
+
+        before = self._row_steps
+        out = super()._prepare_inputs(generation_batch)
+        if self._row_steps is not before:
+            chunks = [c for step in self._row_steps for c in step.chunks]
+            self.steps.append({
+                "rows": self.real_rows,
+                "trained": sum(int((c["completion_mask"].sum(dim=1) > 0).sum()) for c in chunks),
+                "tokens": sum(int(trained_tokens(c).sum()) for c in chunks),
+                "denominators": [[step.rows, step.tokens] for step in self._row_steps],
+            })  # fmt: skip
+        return out
+
+    def _generate_and_score_completions(self, inputs):
+        from trl_env.integrations.micro_batches import REAL_ROW
+
+        out = super()._generate_and_score_completions(inputs)
+        self.real_rows = int(out[REAL_ROW].sum())
+        return out
+
+
+def deployed(out_path: str) -> None:
+    """history="deployed" on two processes, rows per process differing (see the module docstring)."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+    from test_history import ReplyGenerator
+    from test_history_grpo import FlakyTalkEnv, NumberedTalkEnv, thinking_tokenizer, thinks_by_episode
+
+    from trl_env.processors import from_tokenizer
+
+    rank = int(os.environ.get("RANK", "0"))
+    FlakyTalkEnv.count = rank  # other env numbers, so other rows per episode, on process 1
+    tokenizer = thinking_tokenizer(build_tiny_tokenizer())
+    processor = from_tokenizer(tokenizer)
+    func = make_rollout_func(NumberedTalkEnv, processor, history="deployed", max_turns=3,
+                             generator=ReplyGenerator(tokenizer, processor, think=thinks_by_episode))  # fmt: skip
+    trainer = RowRecording(
+        model=build_tiny_model(tokenizer),
+        processing_class=tokenizer,
+        reward_funcs=env_reward,
+        rollout_func=func,
+        train_dataset=Dataset.from_dict({"prompt": [f"topic {i}" for i in range(8)]}),
+        args=GRPOConfig(
+            output_dir=tempfile.mkdtemp(),
+            max_steps=2,
+            per_device_train_batch_size=2,
+            steps_per_generation=2,
+            gradient_accumulation_steps=2,
+            num_generations=8,
+            max_completion_length=128,
+            logging_steps=1,
+            report_to=[],
+            save_strategy="no",
+            use_cpu=True,
+            bf16=False,
+            seed=0,
+        ),  # fmt: skip
+        max_micro_batch_tokens=400,
+    )
+    trainer.train()
+    with open(f"{out_path}.rank{rank}.json", "w", encoding="utf-8") as f:
+        json.dump(RowRecording.steps, f)
+    if trainer.accelerator.is_main_process:
+        with open(out_path, "w", encoding="utf-8") as f:
+            json.dump({"log_history": trainer.state.log_history, "num_processes": trainer.accelerator.num_processes}, f)
+
+
 def main(out_path: str, model_dir: str | None = None, servers: str | None = None) -> None:
+    if os.environ.get("TRL_ENV_TEST_HISTORY") == "deployed":
+        return deployed(out_path)
     base_url = servers.split(",") if servers else None
     credit = os.environ.get("TRL_ENV_TEST_CREDIT", "episode")
     inner = make_rollout_func(Echo, ChatMLProcessor(), max_turns=2, max_new_tokens=6, parse_truncated_turns=True,

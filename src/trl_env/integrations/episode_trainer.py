@@ -21,14 +21,25 @@ from trl_env.advantages import GRPO_RULE, group_normalise, nan_std
 from trl_env.credit import CreditEstimator, EpisodeCredit, credit_estimator, credit_metrics, estimate, token_advantages
 from trl_env.errors import ConfigError
 from trl_env.integrations.grpo import RolloutFunction, env_reward, to_trl_rows
+from trl_env.integrations.micro_batches import (
+    REAL_ROW,
+    MicroStep,
+    check_micro_batches,
+    micro_step_loss,
+    plan_micro_steps,
+)
 from trl_env.integrations.trl_internals import (
+    loss_extras,
     metrics,
+    micro_step_index,
     replace_logged_advantages,
     require_tested_trl,
     scoring_rows,
     spread_pending_extras,
     sync_weights_once_per_step,
     tokenizer_of,
+    trl_compute_loss,
+    trl_prepare_inputs,
 )
 from trl_env.rollout import History, Rollout
 
@@ -76,18 +87,6 @@ def episode_advantages(
         raise ConfigError(f"multi_objective_aggregation={aggregation!r}: expected 'sum_then_normalize' or "
                           "'normalize_then_sum'.")  # fmt: skip
     return torch.nan_to_num(advantages, nan=0.0), rewards
-
-
-def _check_processes(func: RolloutFunction, num_processes: int) -> None:
-    """``history="deployed"`` trains on one process for now (each process's rows differ in number)."""
-    history = func.options.engine.history
-    if num_processes > 1 and history is not History.SAMPLED:
-        name = history.value if isinstance(history, History) else history
-        raise ConfigError(
-            f"EpisodeGRPOTrainer trains history={name!r} on one process for now (each "
-            f"process would hold another number of rows), not {num_processes}; use history='sampled' (any credit=) "
-            "on several processes, or the async worker."
-        )
 
 
 def env_reward_columns(reward_funcs: Sequence[Any]) -> list[int]:
@@ -167,10 +166,12 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
     Each sampled token is in exactly one row, so token-level losses (``dapo``, the default, ``bnpo``, ``cispo``,
     ``vespo``) weigh every trained token as ``history="sampled"`` does, only in its deployed context. ``grpo`` and
     ``sapo`` average per row, so an episode of k rows weighs k times; ``dr_grpo`` divides by rows x
-    ``max_completion_length``; ``luspo`` sums per row. The batch TRL trains on has one entry per row (more than
-    ``per_device_train_batch_size`` when episodes split), padded with fully masked rows to a multiple of
-    ``steps_per_generation``. ``history="deployed"`` trains on one process for now (rows per process differ);
-    ``"sampled"`` (with any ``credit=``) on several.
+    ``max_completion_length``; ``luspo`` sums per row. With ``history="deployed"`` the rows go to the
+    optimizer in micro-batches of at most ``max_micro_batch_tokens`` tokens (rows x padded length; default
+    ``per_device_train_batch_size`` rows), however many rows the episodes have, each normalised as one batch of its
+    optimizer step's rows on every process would be (``trl_env.integrations.micro_batches``); the padding rows that
+    give every process the same number of rows count in no denominator. ``history="sampled"`` trains exactly as
+    ``GRPOTrainer`` does.
 
     With ``make_rollout_func(..., credit=...)`` other than ``"episode"`` (docs/credit.md), step 2 gives each *turn*
     its advantage and TRL receives them per token, shape (rows, completion length): each model token gets its
@@ -186,13 +187,18 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
     ``trl_env.credit.credit_metrics``.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, max_micro_batch_tokens: int | None = None, **kwargs: Any) -> None:
         require_tested_trl("EpisodeGRPOTrainer")  # it drives TRL's private _generate_and_score_completions
         super().__init__(*args, **kwargs)
         func = self.rollout_func
         credit = func.credit if isinstance(func, RolloutFunction) else "episode"  # not one: refused at the first step
-        if isinstance(func, RolloutFunction):
-            _check_processes(func, self.accelerator.num_processes)
+        self._row_steps: list[MicroStep] | None = None
+        self._max_micro_batch_tokens = max_micro_batch_tokens
+        self._bounded_rows = isinstance(func, RolloutFunction) and func.options.engine.history is not History.SAMPLED
+        if self._bounded_rows:
+            config: Any = self.args  # a GRPOConfig
+            check_micro_batches(config.steps_per_generation, config.gradient_accumulation_steps,
+                                max_micro_batch_tokens, loss_extras(self))  # fmt: skip
         if credit != "episode":
             env_reward_columns(self.reward_funcs)  # a function named env_reward that is not trl_env's: refused now
             if self.multi_objective_aggregation != "sum_then_normalize":
@@ -211,7 +217,6 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
         func = self.rollout_func
         if not isinstance(func, RolloutFunction):
             raise ConfigError(f"EpisodeGRPOTrainer needs rollout_func=make_rollout_func(...), got {func!r:.80}.")
-        _check_processes(func, self.accelerator.num_processes)
         mode = "train" if trainer.model.training else "eval"
         prompts = [x["prompt"] for x in inputs]
         sync_weights_once_per_step(self)
@@ -226,7 +231,10 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
             per_token = self._turn_credit(func.credit, rollouts, rewards_per_func, group, mode, local)
         output_rows, episode = to_trl_rows(rollouts, mask_truncated=func.mask_truncated)
         rows: dict[str, list[Any]] = dict(output_rows)  # type: ignore[arg-type]  # every value is a list
-        pad = -len(episode) % (trainer.args.steps_per_generation if mode == "train" else 1)
+        pad = 0  # several processes: every one gets the most rows of any (TRL gathers rows), in no denominator
+        if self._bounded_rows and self.accelerator.num_processes > 1:
+            counts = self.accelerator.gather(torch.tensor([len(episode)], device=self.accelerator.device))
+            pad = int(counts.max()) - len(episode)
         for values in rows.values():  # fully masked copies of the last row
             values.extend([values[-1]] * pad)
         rows["env_mask"][len(episode) :] = [[0] * len(m) for m in rows["env_mask"][len(episode) :]]
@@ -243,6 +251,8 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
         with scoring_rows(self, rows, row_rewards, generations):  # TRL's own statistics are replaced below
             output = super()._generate_and_score_completions(row_inputs)
         output["advantages"] = row_advantages.to(output["advantages"].device)
+        if self._bounded_rows:  # the micro-batches leave padding rows out of every denominator
+            output[REAL_ROW] = torch.tensor([e >= 0 for e in episode], device=output["advantages"].device)
         if per_token is not None:  # (rows, completion length): each model token its turn's advantage, the rest 0
             table = torch.zeros(output["completion_ids"].shape, dtype=torch.float32)
             for i, values in enumerate(per_token):
@@ -252,6 +262,37 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
         replace_logged_advantages(self, every)
         self._log_episode_stats(mode, advantages, rewards_per_func, group)
         return output  # type: ignore[no-any-return]  # trl is untyped
+
+    def _prepare_inputs(self, generation_batch: Any) -> Any:
+        """TRL's micro-batch for the step; with deployed rows a ``MicroStep`` of token-bounded chunks.
+
+        As TRL does, the batch is generated and scored every ``steps_per_generation`` x ``num_iterations``
+        micro-steps; its real rows are dealt into ``steps_per_generation`` micro-steps (``plan_micro_steps``).
+        """
+        if not self._bounded_rows:
+            return trl_prepare_inputs(self, generation_batch)
+        trainer: Any = self  # TRL is untyped
+        args = trainer.args
+        plan = functools.partial(plan_micro_steps, budget=self._max_micro_batch_tokens,
+                                 default_rows=args.per_device_train_batch_size,
+                                 gather=self.accelerator.gather)  # fmt: skip
+        if not trainer.model.training:  # eval: one micro-step, no accumulation
+            return plan(self._generate_and_score_completions(generation_batch), steps=1, accumulation=1)[0]
+        steps, index = args.steps_per_generation, micro_step_index(self)
+        if index % (steps * trainer.num_iterations) == 0 or self._row_steps is None:
+            scored = self._generate_and_score_completions(generation_batch)
+            self._row_steps = plan(scored, steps=steps, accumulation=args.gradient_accumulation_steps)
+        return self._row_steps[index % steps]
+
+    def compute_loss(
+        self, model: Any, inputs: Any, return_outputs: bool = False, num_items_in_batch: Any = None
+    ) -> torch.Tensor:
+        """TRL's loss; for a ``MicroStep``, chunk by chunk (``micro_step_loss``), earlier chunks back-propagated."""
+        if not isinstance(inputs, MicroStep):
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)  # type: ignore[no-any-return]
+        if return_outputs:
+            raise ValueError("The GRPOTrainer does not support returning outputs")
+        return micro_step_loss(self, model, inputs, lambda chunk: trl_compute_loss(self, model, chunk))
 
     def _score_episodes(
         self, inputs: list[dict[str, Any]], prompts: list[Any], rollouts: list[Rollout], mode: str

@@ -119,6 +119,39 @@ def scoring_rows(
         trainer.__dict__.update(saved)
 
 
+LOSS_TYPES = ("grpo", "sapo", "bnpo", "dr_grpo", "dapo", "cispo", "vespo", "luspo")
+"""The ``loss_type`` values TRL 1.16's ``GRPOTrainer._compute_loss`` knows (``micro_batches`` normalises each)."""
+
+
+def trl_prepare_inputs(trainer: Any, generation_batch: Any) -> Any:
+    """TRL's own ``GRPOTrainer._prepare_inputs``: generate every ``steps_per_generation`` micro-steps, then a slice."""
+    from trl.trainer.grpo_trainer import GRPOTrainer  # TRL's class itself, even where ``trl.GRPOTrainer`` is patched
+
+    return GRPOTrainer._prepare_inputs(trainer, generation_batch)
+
+
+def trl_compute_loss(trainer: Any, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
+    """TRL's own ``GRPOTrainer._compute_loss`` of one batch, already divided for gradient accumulation."""
+    from trl.trainer.grpo_trainer import GRPOTrainer  # TRL's class itself, even where ``trl.GRPOTrainer`` is patched
+
+    return GRPOTrainer._compute_loss(trainer, model, inputs)  # type: ignore[no-any-return]  # trl is untyped
+
+
+def micro_step_index(trainer: Any) -> int:
+    """TRL's count of micro-steps trained so far (``trainer._step``), which picks the buffered micro-batch."""
+    return int(trainer._step)
+
+
+def loss_extras(trainer: Any) -> list[str]:
+    """The terms TRL adds to the policy loss with its own per-micro-batch normalisation (entropy bonus, aux loss)."""
+    extras = []
+    if getattr(trainer, "_entropy_bonus_enabled", False):
+        extras.append("the entropy bonus (entropy_coef)")
+    if getattr(trainer, "aux_loss_enabled", False):
+        extras.append("the router aux loss (output_router_logits)")
+    return extras
+
+
 def sync_weights_once_per_step(trainer: Any) -> None:
     """Push the policy's weights to vLLM once per optimizer step, as ``GRPOTrainer._generate`` does (``use_vllm``)."""
     if trainer.use_vllm and trainer.state.global_step != trainer._last_loaded_step:
