@@ -153,3 +153,28 @@ def test_two_processes_train_deployed_rows_each_row_once_with_the_whole_steps_de
     for a, b in zip(*ranks, strict=True):
         assert a["trained"] == a["rows"] and b["trained"] == b["rows"]  # each real row in exactly one chunk
         assert a["denominators"] == b["denominators"] == [[a["rows"] + b["rows"], a["tokens"] + b["tokens"]]] * 2
+
+
+def test_deployed_rows_evaluate_in_budgeted_micro_batches_with_the_one_batch_loss(tmp_path, model, tokenizer):
+    """Evaluation (no accumulation): every forward holds at most BUDGET tokens, the loss is TRL's of all rows."""
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    tok = thinking_tokenizer(tokenizer)
+    forwards = []
+    model.register_forward_pre_hook(lambda _m, args, kwargs: forwards.append(tuple(kwargs["input_ids"].shape)),
+                                    with_kwargs=True)  # fmt: skip
+    settings = dict(loss_type="grpo", per_device_eval_batch_size=4, num_generations_eval=4)
+    trainer = Recording(model=model, reward_funcs=env_reward, processing_class=tok, args=config(tmp_path, **settings),
+                        train_dataset=Dataset.from_dict({"prompt": ["1", "2"] * 2}),
+                        eval_dataset=Dataset.from_dict({"prompt": ["1"]}), rollout_func=deployed_func(tok),
+                        max_micro_batch_tokens=BUDGET)  # fmt: skip
+    trainer.scored, trainer.losses = [], []
+    loss = trainer.evaluate()["eval_loss"]
+    (batch,) = trainer.scored
+    assert batch["completion_ids"].size(0) > 4 and len(forwards) > 1
+    assert max(r * w for r, w in forwards) <= BUDGET, forwards
+    trainer.model.eval()
+    with torch.no_grad():
+        expected = GRPOTrainer._compute_loss(trainer, trainer.model, batch).item()
+    assert loss == pytest.approx(expected, rel=1e-4, abs=1e-6)
