@@ -93,3 +93,21 @@ def test_to_trl_refuses_an_episode_of_several_rows_and_to_trl_rows_gives_each():
     rows, episode_of_row = to_trl_rows([r, one])
     assert episode_of_row == [0, 0, 1] and rows["completion_ids"] == [[10, 11, 3], [12, 13, 14], [5, 6]]
     assert to_trl([one])["completion_ids"] == [one.completion_ids]
+
+
+def test_spans_walk_each_rows_turns_once_and_refuse_an_inconsistent_record():
+    """Rollout.spans: the one walk from turns to token spans (token_advantages and the async samples read it)."""
+    import pytest
+
+    from trl_env import ConfigError
+    from trl_env.credit import token_advantages
+
+    r = two_row_rollout()  # each turn: 2 model tokens; the first row's turn is answered by 1 env token
+    (first, first_spans), (last, last_spans) = r.spans()
+    assert first is r.rows[0] and last is r.rows[1]
+    assert [(s.turn, s.model, s.env) for s in first_spans] == [(0, slice(0, 2), slice(2, 3))]
+    assert [(s.turn, s.model, s.env) for s in last_spans] == [(1, slice(0, 2), slice(2, 3))]
+    assert token_advantages(r, [0.5, -1.0]) == [[0.5, 0.5, 0.0], [-1.0, -1.0, 0.0]]
+    bad = Rollout("s", [1], [5, 6], [-0.1, -0.1], [1, 1], (turn("a"), turn("b")), 1.0, Ending.ENV_DONE)
+    with pytest.raises(ConfigError, match="2 turns hold 6 tokens but its completion has 2"):
+        bad.spans()

@@ -92,21 +92,18 @@ def token_advantages(rollout: Rollout, advantages: Sequence[float] | None) -> li
     ``completion_ids``; with ``"deployed"`` each row holds ``Row.turns`` consecutive turns.
 
     Raises:
-        ConfigError: when ``advantages`` has not one value per turn, or the turns do not add up to the rows' tokens.
+        ConfigError: when ``advantages`` has not one value per turn, or the turns do not add up to the rows' tokens
+            (``Rollout.spans``).
     """
     rows = rollout.rows
     if advantages is None:
         return [[0.0] * len(row.completion_ids) for row in rows]
     if len(advantages) != len(rollout.turns):
         raise ConfigError(f"{len(advantages)} advantages for {len(rollout.turns)} turns: one per turn.")
-    out, first = [], 0
-    for row in rows:
-        tokens: list[float] = []
-        span = slice(first, first + row.turns)
-        for turn, a in zip(rollout.turns[span], advantages[span], strict=True):
-            tokens += [a] * turn.num_model_tokens + [0.0] * turn.num_env_tokens
-        first += row.turns
-        if len(tokens) != len(row.completion_ids):
-            raise ConfigError(f"a row's turns hold {len(tokens)} tokens, its completion {len(row.completion_ids)}.")
+    out = []
+    for row, spans in rollout.spans():
+        tokens = [0.0] * len(row.completion_ids)
+        for span in spans:
+            tokens[span.model] = [advantages[span.turn]] * (span.model.stop - span.model.start)
         out.append(tokens)
     return out

@@ -98,6 +98,18 @@ class Row:
 
 
 @dataclass(frozen=True)
+class Span:
+    """One model turn's place in its row's completion: its sampled tokens, then the env tokens that answered it."""
+
+    turn: int
+    """Its index in ``Rollout.turns``."""
+    model: slice
+    """Its model tokens in ``Row.completion_ids`` (trained on)."""
+    env: slice
+    """The env tokens after it (masked; empty when the episode ended with this turn)."""
+
+
+@dataclass(frozen=True)
 class Rollout:
     """One finished episode, token-exact: ``prompt_ids + completion_ids`` is what the sampler saw."""
 
@@ -123,6 +135,30 @@ class Rollout:
         if not self.rows:
             row = Row(self.prompt_ids, self.completion_ids, self.logprobs, self.env_mask, len(self.turns))
             object.__setattr__(self, "rows", (row,))
+
+    def spans(self) -> list[tuple[Row, list[Span]]]:
+        """Each training row with the spans of its turns: the one walk from turns to tokens.
+
+        Raises:
+            ConfigError: when a row's turns do not add up to its completion (an inconsistent record, e.g. built by
+                hand).
+        """
+        out, first = [], 0
+        for row in self.rows:
+            spans, end = [], 0
+            for k in range(first, first + row.turns):
+                turn = self.turns[k]
+                model = slice(end, end + turn.num_model_tokens)
+                spans.append(Span(k, model, slice(model.stop, model.stop + turn.num_env_tokens)))
+                end = spans[-1].env.stop
+            first += row.turns
+            if end != len(row.completion_ids):
+                raise ConfigError(
+                    f"a row's {row.turns} turns hold {end} tokens but its completion has {len(row.completion_ids)}: "
+                    "the episode's record is inconsistent."
+                )
+            out.append((row, spans))
+        return out
 
     @property
     def terminated(self) -> bool:

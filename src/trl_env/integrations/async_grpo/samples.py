@@ -101,10 +101,9 @@ def episode_samples(
     if len(rows) == 1:  # the episode's own lists and versions (history="sampled", or a merged deployed episode)
         sample = row_sample(rows[0], r.turns, advantage, reward, reward_std, version, group_id, r.seed)
         return [] if sample is None else [sample]
-    samples, first = [], 0
-    for row in rows:
-        turns = r.turns[first : first + row.turns]
-        first += row.turns
+    samples = []
+    for row, spans in r.spans():
+        turns = [r.turns[span.turn] for span in spans]
         row_version = row_versions(turns) or version
         sample = row_sample(row, turns, advantage, reward, reward_std, row_version, group_id, r.seed)
         if sample is None:
@@ -180,23 +179,21 @@ def turn_samples(
     trainer averages them over samples). Empty, the episode untrainable, where ``episode_samples`` would be.
 
     Raises:
-        RuntimeError: when the turns' token counts do not add up to a row's completion (a trl-env bug).
+        ConfigError: when the turns' token counts do not add up to a row's completion (``Rollout.spans``).
     """
     if version is None or r.info.get("placeholder"):
         return []
-    rows = r.rows
-    samples, first = [], 0
-    for row in rows:
-        turns, row_advantages = r.turns[first : first + row.turns], advantages[first : first + row.turns]
-        first += row.turns
+    rows = r.spans()
+    samples = []
+    for row, spans in rows:
+        turns = [r.turns[span.turn] for span in spans]
         row_version = version if len(rows) == 1 else (row_versions(turns) or version)
         if not _trainable(row):
             return []
         before = [0] * len(row.prompt_ids)
         shown: list[dict[str, str]] = []
-        end = 0
-        for turn, advantage in zip(turns, row_advantages, strict=True):
-            start, end = end, end + turn.num_model_tokens
+        for span, turn in zip(spans, turns, strict=True):
+            start, end = span.model.start, span.model.stop
             shown.append({"role": "assistant", "content": turn.text})
             if any(row.env_mask[start:end]):  # a turn of no token has nothing to train
                 samples.append(_rollout_sample()(
@@ -205,17 +202,13 @@ def turn_samples(
                     input_ids=np.asarray(row.prompt_ids + row.completion_ids[:end], dtype=np.int64),
                     completion_mask=np.asarray(before + [0] * start + row.env_mask[start:end], dtype=np.int64),
                     old_log_probs=np.asarray(before + [0] * start + row.logprobs[start:end], dtype=np.float32),
-                    advantage=float(advantage),
+                    advantage=float(advantages[span.turn]),
                     model_version=row_version[0],
                     group_id=group_id,
                     metrics={},
                 ))  # fmt: skip
             if turn.delta:
                 shown.append({"role": "user", "content": turn.delta})
-            end += turn.num_env_tokens
-        if end != len(row.completion_ids):
-            raise RuntimeError(f"a row's {len(turns)} turns hold {end} tokens but its completion has "
-                               f"{len(row.completion_ids)}: the episode's record is inconsistent.")  # fmt: skip
     if samples:
         samples[-1].metrics.update({
             "reward": math.nan if reward is None else float(reward),
