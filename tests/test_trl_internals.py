@@ -125,7 +125,7 @@ def test_pin_generate_and_score_completions_takes_swapped_rows_and_logs_one_valu
     ids = tokenizer.encode("hello there", add_special_tokens=False)
     rows = {"prompt_ids": [ids, ids[:1], ids], "completion_ids": [[5, 6, 7], [8], [9, 10]],
             "logprobs": [[-0.1, -0.2, -0.3], [-0.4], [-0.5, -0.6]], "env_mask": [[1, 0, 1], [1], [0, 0]]}  # fmt: skip
-    rewards = torch.tensor([[1.0], [2.0], [float("nan")]])
+    rewards = torch.tensor([[1.0], [2.0], [float("nan")]], device=trainer.accelerator.device)  # TRL gathers them there
     before = {k: len(v) for k, v in trl_internals.metrics(trainer, "train").items()}
     logged_before = len(trainer._logs["advantages"])
     with trl_internals.scoring_rows(trainer, rows, rewards, "num_generations"):
