@@ -78,7 +78,7 @@ def _rollout_sample() -> type[RolloutSample]:
 
 
 RowVersions = Callable[[Sequence[Turn]], tuple[int, int] | None]
-"""(oldest, newest) policy version among a row's turns (``TrlEnvRolloutWorker._versions``)."""
+"""(oldest, newest) policy version among a row's turns (``groups._versions``)."""
 
 
 def episode_samples(

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import collections
-import functools
 import itertools
 import logging
-import math
 import queue
 import re
 import threading
@@ -14,47 +12,32 @@ import time
 import traceback
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, cast
 
-import numpy as np
 from typing_extensions import Unpack
 
-from trl_env.backends.base import Generation, GenerationRequest, Generator, GeneratorBase, Sampling, as_generator
+from trl_env.backends.base import Generation, Generator, Sampling, as_generator
 from trl_env.backends.vllm_server import VLLMServerGenerator
-from trl_env.credit import CreditEstimator, EpisodeCredit, credit_estimator, estimate
+from trl_env.credit import CreditEstimator
 from trl_env.env import Env
-from trl_env.errors import ConfigError, ServerError
+from trl_env.errors import ServerError
 from trl_env.integrations.async_grpo.buffer import _RolloutBuffer
-from trl_env.integrations.async_grpo.samples import (
-    GroupRecord,
-    ScaleRewards,
-    Unscored,
-    _env_metrics,
-    _rollout_sample,
-    episode_samples,
-    group_advantages,
-    group_credit_metrics,
-    turn_samples,
+from trl_env.integrations.async_grpo.groups import _settle, push_group, run_group, score_group
+from trl_env.integrations.async_grpo.samples import GroupRecord, ScaleRewards, Unscored, _rollout_sample
+from trl_env.integrations.async_grpo.worker_options import (
+    LORA_NAME,
+    WorkerOptions,
+    check_adapter_served,
+    check_worker_args,
 )
 from trl_env.integrations.grpo import _seed_or_error, _with_system_prompt
-from trl_env.integrations.options import (
-    BackendOptions,
-    EngineKeywords,
-    EngineOptions,
-    FlatOptions,
-    LimitKeywords,
-    Limits,
-    LoggingOptions,
-    RolloutOptions,
-    TranscriptKeywords,
-)
+from trl_env.integrations.options import EngineOptions, FlatOptions, Limits, LoggingOptions
 from trl_env.integrations.trl_internals import require_tested_trl
 from trl_env.isolation import isolated
-from trl_env.processors.base import Processor, check_processor
-from trl_env.rollout import Ending, History, Rollout, batch_rollout
+from trl_env.processors.base import Processor
+from trl_env.rollout import History, Rollout
 from trl_env.rollout.history import DeployedHistory
-from trl_env.rollout.records import Turn
 from trl_env.rollout.transcripts import write_transcripts
 
 if TYPE_CHECKING:
@@ -64,13 +47,6 @@ if TYPE_CHECKING:
 
 
 logger = logging.getLogger(__name__)
-
-LORA_NAME = "trl-policy"
-"""The adapter name prefix ``AsyncGRPOTrainer`` publishes (``trainer._lora_name``): ``trl-policy-v{N}``."""
-
-
-class WorkerOptions(LimitKeywords, EngineKeywords, TranscriptKeywords, total=False):
-    """The flat keywords of ``make_rollout_func`` that the worker takes: limits, engine and transcripts."""
 
 
 class TrlEnvRolloutWorker:
@@ -165,35 +141,12 @@ class TrlEnvRolloutWorker:
         **options: Unpack[WorkerOptions],
     ) -> None:
         require_tested_trl("TrlEnvRolloutWorker")  # it builds TRL's experimental RolloutSample
-        if not callable(env_factory):
-            raise ConfigError(
-                f"env_factory={env_factory!r} is not callable; pass the env class or a function that returns a "
-                "fresh env, e.g. `env_factory=MyEnv`, not `MyEnv()`."
-            )
-        check_processor(processor)
-        for name, value, low in (("num_generations", num_generations, 1), ("max_staleness", max_staleness, 0),
-                                 ("max_completion_length", max_completion_length, 1),
-                                 ("max_inflight_groups", max_inflight_groups, 1)):  # fmt: skip
-            if not isinstance(value, int) or value < low:
-                raise ConfigError(f"{name}={value!r}: it must be an int >= {low}.")
-        if buffer_size is not None and (not isinstance(buffer_size, int) or buffer_size < 1):
-            raise ConfigError(f"buffer_size={buffer_size!r}: it must be a positive int (or None for the default).")
-        if scale_rewards not in ("group", "none"):
-            raise ConfigError(f"scale_rewards={scale_rewards!r}: use 'group' (TRL async's formula) or 'none'.")
-        if unscored not in ("zero", "drop"):
-            raise ConfigError(f"unscored={unscored!r}: use 'zero' (advantage 0, pushed, as TRL) or 'drop'.")
-        estimator = credit_estimator(credit, scale_rewards)
-        if not seeds:
-            raise ConfigError("seeds is empty; pass the training dataset's prompts, e.g. `dataset['prompt']`.")
-        groups = {"limits": limits, "engine": engine, "logging": logging}
-        built = RolloutOptions.build(groups, cast(FlatOptions, options))
-        if built.backend != BackendOptions():
-            raise ConfigError(
-                "generator / base_url / lora_sync are make_rollout_func options; give the worker `generator=` (a "
-                "VLLMServerGenerator or the server URL); the trainer itself syncs the LoRA adapter."
-            )
-        if built.logging.check_template_every:
-            raise ConfigError("check_template_every is not supported by the async worker; use make_rollout_func.")
+        built, estimator = check_worker_args(
+            env_factory, processor, seeds, num_generations=num_generations, max_staleness=max_staleness,
+            max_completion_length=max_completion_length, max_inflight_groups=max_inflight_groups,
+            buffer_size=buffer_size, scale_rewards=scale_rewards, unscored=unscored, credit=credit,
+            groups={"limits": limits, "engine": engine, "logging": logging}, options=cast(FlatOptions, options),
+        )  # fmt: skip
         if system_prompt is not None:
             processor = _with_system_prompt(processor, system_prompt)
         if built.engine.history is History.DEPLOYED:  # refused at once, not on the first group's thread
@@ -297,7 +250,7 @@ class TrlEnvRolloutWorker:
         """
         if self._started:
             raise RuntimeError("TrlEnvRolloutWorker.start() was called twice; build a new worker per training run.")
-        self._check_adapter_served()
+        check_adapter_served(self.generator, self.lora_name, self.model_version)
         self._started = True
         self._heartbeat = time.monotonic()
         for i in range(self.max_inflight_groups):
@@ -375,7 +328,7 @@ class TrlEnvRolloutWorker:
                     self._buffer.release(claim)
                     break
                 index = next(self._seed_index)
-                self._run_group(index, self.seeds[index % len(self.seeds)], claim)
+                run_group(self, index, self.seeds[index % len(self.seeds)], claim)
         except BaseException as e:  # noqa: BLE001  # reported by check_health, which the trainer calls
             with self._lock:
                 if self._error is None:
@@ -394,85 +347,6 @@ class TrlEnvRolloutWorker:
         per_episode = rows / episodes if episodes and rows > episodes else 1.0
         return max(1, round(self.num_generations * per_episode))
 
-    def _run_group(self, group_id: int, seed: Any, claim: int) -> None:
-        started, version_at_start = time.time(), self.model_version
-        gen = _GroupGenerator(self)
-        engine = self.options.engine
-        rollouts = batch_rollout(
-            [seed] * self.num_generations,
-            self.env_factory,
-            self.processor,
-            self.tokenizer,
-            gen,
-            budgets=self.budgets,
-            parse_truncated_turns=engine.parse_truncated_turns,
-            strict=engine.strict,
-            env_workers=min(engine.env_workers, self.num_generations),
-            env_timeout=engine.env_timeout,
-            coalesce_s=engine.coalesce_s,
-            on_episode_end=lambda _: self._tick(),
-            history=engine.history,
-            template_kwargs=engine.template_kwargs,
-        )
-        ended = time.time()
-        self._tick()
-        fallback = gen.first_version if gen.first_version is not None else version_at_start
-        versions = [self._versions(r.turns, fallback, gen.last_version) for r in rollouts]
-        endings = tuple(r.ending.value for r in rollouts)
-        if self._halted():  # stopped: its generations in flight were failed; nothing of it is pushed
-            self._buffer.release(claim)
-            with self._lock:
-                for key, value in (("groups", 1), ("episodes", len(rollouts)), ("stopped", len(rollouts))):
-                    self.counts[key] += value
-            record = GroupRecord(
-                group_id, str(seed), started, ended, tuple(versions), endings, 0, 0, False, stopped=len(rollouts)
-            )
-            self.groups.append(record)
-            if self.on_group is not None:
-                self.on_group(record, rollouts)
-            return
-        episodes, metrics = self._score(group_id, rollouts, versions, fallback, gen.last_version)
-        self._buffer.release(claim - sum(map(len, episodes)))  # failed, untrainable, ...: no row (more: a claim)
-        pushed, dropped, waited, rows, rows_left = self._push(episodes)
-        stopped = len(episodes) - pushed - dropped  # stop() came while they waited for room in the buffer
-        self._buffer.release(rows_left)
-        metrics.update({
-            "rollout/pushed_total": float(pushed),
-            "rollout/dropped_stale_total": float(dropped),
-            "rollout/backpressure_s": waited,
-            "rollout/group_s": ended - started,
-        })  # fmt: skip
-        if self.options.engine.history is History.DEPLOYED or self.estimator is not None:
-            metrics["rollout/rows_pushed_total"] = float(rows)
-        self._put_metrics(metrics)
-        self._put_metrics({k: (v, 1.0) for k, v in _env_metrics(rollouts).items()})
-        with self._lock:
-            self.counts["pushed"] += pushed
-            self.counts["rows"] += rows
-            self.counts["dropped_stale"] += dropped
-            self.counts["stopped"] += stopped
-        record = GroupRecord(
-            group_id, str(seed), started, ended, tuple(versions), endings, pushed, dropped, not stopped, stopped
-        )
-        self.groups.append(record)
-        self._write_transcripts(group_id, version_at_start, rollouts)
-        if self.on_group is not None:
-            self.on_group(record, rollouts)
-
-    def _versions(self, turns: Sequence[Turn], fallback: int, newest: int | None) -> tuple[int, int] | None:
-        """(oldest, newest) version among an episode's or a row's turns: from their adapter names, else ``fallback``."""
-        if not turns:
-            return None
-        parsed = [self._parse_policy(t.policy) for t in turns]
-        known = [v for v in parsed if v is not None]
-        if len(known) < len(parsed):  # no adapter names (full-weight sync, or a generator that records none)
-            known += [fallback, newest if newest is not None else fallback]
-        return min(known), max(known)
-
-    def _parse_policy(self, policy: str | None) -> int | None:
-        match = self._policy_re.match(policy) if (policy and self._policy_re) else None
-        return int(match.group(1)) if match else None
-
     def _score(
         self,
         group_id: int,
@@ -481,92 +355,12 @@ class TrlEnvRolloutWorker:
         fallback: int,
         newest: int | None,
     ) -> tuple[list[list[RolloutSample]], dict[str, Any]]:
-        """The group's rows to push, per episode, and its metrics.
-
-        Each episode counts once in the advantages (over its scored, non-failed episodes); its rows carry its
-        advantage. With a credit estimator, each of its turns is a sample with the turn's advantage instead (an
-        unscored episode's turns get 0), and the group's ``credit/*`` metrics join the others.
-        """
-        n = len(rollouts)
-        failed = [r.ending is Ending.ERROR for r in rollouts]
-        rewards = [None if f else r.reward for r, f in zip(rollouts, failed, strict=True)]
-        advantages = group_advantages(rewards, self.scale_rewards)
-        scored = [r for r, a in zip(rewards, advantages, strict=True) if a is not None and r is not None]
-        reward_std = float(np.std(scored)) if scored else math.nan
-        per_turn: list[list[float] | None] = [None] * n
-        credit: dict[str, Any] = {}
-        if self.estimator is not None:
-            credits = [EpisodeCredit.from_rollout(r) for r in rollouts]
-            per_turn = estimate(self.estimator, credits)
-            credit = group_credit_metrics(credits, per_turn)
-        samples, untrainable, unscored, dropped_unscored, masked = [], 0, 0, 0, 0
-        for r, f, adv, reward, version, turns_adv in zip(rollouts, failed, advantages, rewards, versions, per_turn,
-                                                          strict=True):  # fmt: skip
-            if f:
-                continue
-            if adv is None:
-                unscored += 1
-                if self.unscored == "drop":
-                    dropped_unscored += 1
-                    continue
-            if self.mask_truncated and r.truncated:
-                masked += 1
-                continue
-            row_versions = functools.partial(self._versions, fallback=fallback, newest=newest)
-            if self.estimator is None:
-                rows = episode_samples(r, 0.0 if adv is None else adv, reward, reward_std, version, group_id,
-                                       row_versions)  # fmt: skip
-            else:
-                turns_adv = [0.0] * len(r.turns) if adv is None or turns_adv is None else turns_adv
-                rows = turn_samples(r, turns_adv, reward, reward_std, version, group_id, row_versions)
-            if not rows:
-                untrainable += 1
-                continue
-            samples.append(rows)
-        spans = [v[1] - v[0] for v in versions if v is not None]
-        metrics: dict[str, Any] = {
-            "rollout/groups_total": 1.0,
-            "rollout/episodes_total": float(n),
-            "rollout/failed_frac": (float(sum(failed)), float(n)),
-            "rollout/unscored_frac": (float(unscored), float(n)),
-            "rollout/untrainable_total": float(untrainable),
-            "rollout/truncated_masked_total": float(masked),
-            "rollout/reward_mean": (float(sum(scored)), float(len(scored))),
-            "rollout/reward_std": reward_std,
-            "rollout/version_span_mean": (float(sum(spans)), float(len(spans))),
-            "rollout/version_span_max": float(max(spans, default=0)),
-            **credit,
-        }
-        with self._lock:
-            for key, value in (("groups", 1), ("episodes", n), ("failed", sum(failed)), ("unscored", unscored),
-                               ("dropped_unscored", dropped_unscored), ("untrainable", untrainable),
-                               ("truncated_masked", masked)):  # fmt: skip
-                self.counts[key] += value
-        return samples, metrics
+        """The group's rows to push, per episode, and its metrics (``groups.score_group``)."""
+        return score_group(self, group_id, rollouts, versions, fallback, newest)
 
     def _push(self, episodes: list[list[RolloutSample]]) -> tuple[int, int, float, int, int]:
-        """Put the rows on the buffer, a group's rows together, an episode's rows at once; drop stale episodes.
-
-        Returns (episodes pushed, episodes dropped as stale, waited_s, rows pushed, rows left unpushed by ``stop()``).
-        """
-        pushed = dropped = rows = 0
-        waited = 0.0
-        with self._push_lock:
-            for k, samples in enumerate(episodes):
-                while not self._halted():
-                    t0 = time.monotonic()
-                    outcome = self._buffer.put_fresh(samples, self._stale, timeout=0.2)
-                    if outcome == "full":
-                        waited += time.monotonic() - t0
-                        self._tick()  # waiting for the trainer is not a hang
-                        continue
-                    pushed += outcome == "pushed"
-                    rows += len(samples) if outcome == "pushed" else 0
-                    dropped += outcome == "stale"
-                    break
-                else:
-                    return pushed, dropped, waited, rows, sum(map(len, episodes[k:]))
-        return pushed, dropped, waited, rows, 0
+        """Put the group's rows on the buffer (``groups.push_group``)."""
+        return push_group(self, episodes)
 
     def _stale(self, sample: RolloutSample) -> bool:
         return self.model_version - sample.model_version > self.max_staleness
@@ -593,82 +387,9 @@ class TrlEnvRolloutWorker:
         except queue.Full:  # nobody drains it (no logging): metrics are best effort
             pass
 
-    def _track(self, inner: list[Future[Generation]]) -> list[Future[Generation]]:
-        """Futures the worker can fail on ``stop()``, settled from the generator's; each one ticks the heartbeat."""
-        outer: list[Future[Generation]] = [Future() for _ in inner]
-        with self._lock:
-            self._pending.update(outer)
-        for src, dst in zip(inner, outer, strict=True):
-            src.add_done_callback(functools.partial(self._settled, dst=dst))
-        if self._stopping.is_set():  # stop() ran while these were being submitted
-            for dst in outer:
-                _settle(dst, error=ServerError("the rollout worker stopped"))
-        return outer
-
-    def _settled(self, src: Future[Generation], *, dst: Future[Generation]) -> None:
-        self._tick()
-        with self._lock:
-            self._pending.discard(dst)
-        error = src.exception() if not src.cancelled() else ServerError("the generation was cancelled")
-        _settle(dst, result=None if error else src.result(), error=error)
-
-    def _check_adapter_served(self) -> None:
-        gen = self.generator
-        if self.lora_name is None or not isinstance(gen, VLLMServerGenerator):
-            return
-        name = f"{self.lora_name}-v{self.model_version}"
-        try:
-            cards = gen._get(f"{gen.urls[0]}/v1/models", timeout=30).json()["data"]
-        except Exception as e:  # noqa: BLE001  # the check is advisory when the server cannot list
-            logger.warning("could not list %s/v1/models to check for adapter %s: %r", gen.urls[0], name, e)
-            return
-        served = [c.get("id") for c in cards]
-        if name not in served:
-            raise ConfigError(
-                f"the vLLM server at {gen.urls[0]} does not serve adapter {name!r} (it serves {served}). "
-                "AsyncGRPOTrainer publishes one only with a PEFT model (peft_config=LoraConfig(...)) and a server "
-                "started with --enable-lora, --max-loras >= max_staleness + 2, VLLM_ALLOW_RUNTIME_LORA_UPDATING=True "
-                "and VLLM_SERVER_DEV_MODE=1; with a full-weight sync pass lora_name=None."
-            )
-
     def _write_transcripts(self, group_id: int, version: int, rollouts: list[Rollout]) -> None:
         logging_options = self.options.logging
         if logging_options.transcripts is None or group_id % max(1, logging_options.transcripts_every):
             return
         with self._transcripts_lock:
             write_transcripts(logging_options.transcripts, rollouts, step=version, tokenizer=self.tokenizer)
-
-
-class _GroupGenerator(GeneratorBase):
-    """The shared generator as one group sees it: notes the version live at each submit; stoppable."""
-
-    def __init__(self, worker: TrlEnvRolloutWorker) -> None:
-        self.worker, self.inner = worker, worker.generator
-        self.continuous = bool(self.inner.continuous)
-        self.first_version: int | None = None
-        self.last_version: int | None = None
-
-    @property
-    def context_limit(self) -> int | None:
-        return self.inner.context_limit
-
-    def submit(self, requests: Sequence[GenerationRequest]) -> list[Future[Generation]]:
-        if self.worker._halted():
-            raise ServerError("the rollout worker stopped")  # the engine fails these episodes at once
-        version = self.worker.model_version
-        if self.first_version is None:
-            self.first_version = version
-        self.last_version = version
-        return self.worker._track(list(self.inner.submit(requests)))
-
-
-def _settle(
-    future: Future[Generation], *, result: Generation | None = None, error: BaseException | None = None
-) -> None:
-    try:
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)  # type: ignore[arg-type]  # a Generation when there is no error
-    except InvalidStateError:  # settled already (stop() and the answer raced)
-        pass
