@@ -28,17 +28,13 @@ from trl_env.errors import (
     TrlEnvError,
 )
 from trl_env.processors.base import check_processor, stop_token_ids
+from trl_env.rollout.coalescing import COALESCE_S, check_coalesce, coalesce_window
 from trl_env.rollout.episode import Calls, EnvText, Episode, Opened, Stepped, anchor_of, check_env_timeout
 from trl_env.rollout.history import DeployedHistory, History, as_history
 from trl_env.rollout.records import Budgets, Ending, Rollout, Turn
 from trl_env.rollout.workers import Workers, drain
 
 __all__ = ["COALESCE_S", "Budgets", "Ending", "History", "Rollout", "Turn", "batch_rollout"]
-
-COALESCE_S = 0.01
-"""The shortest window of ``coalesce_s="auto"``: a ready turn waits at most 10 ms for the turns prepared beside it."""
-COALESCE_MAX_S = 0.05
-"""The longest window of ``coalesce_s="auto"``, reached when env steps take 150 ms or more."""
 
 Call = Literal["open", "step", "close"]
 
@@ -134,18 +130,6 @@ def batch_rollout(
     return engine.run(episodes, list(seeds), env_workers)
 
 
-def check_coalesce(coalesce_s: float | Literal["auto"]) -> None:
-    """Refuse a ``coalesce_s`` that is not a finite number of seconds >= 0.
-
-    Raises:
-        ConfigError: naming the value and the fix.
-    """
-    if coalesce_s == "auto":
-        return
-    if not isinstance(coalesce_s, (int, float)) or not 0 <= coalesce_s < float("inf"):
-        raise ConfigError(f"coalesce_s={coalesce_s!r}: give seconds >= 0 (0 sends every turn as soon as it is ready).")
-
-
 @dataclass
 class _Engine:
     """The scheduling loop: hands env work to worker threads and model turns to the generator as episodes get ready."""
@@ -221,18 +205,7 @@ class _Engine:
             return float("inf") if self._episode_calls() or generating else 0.0
         if not self._episode_calls():
             return 0.0
-        return ready_since + self._window() - time.monotonic()
-
-    def _window(self) -> float:
-        """``coalesce_s``, or with ``"auto"`` a third of a typical env step, from 10 to 50 ms.
-
-        Turns reach the engine spread over the time their env steps take; holding the first of them for a third
-        of that gathers several into one request at a small cost to each. Fast envs keep the 10 ms floor: their
-        turns come in bursts, which end when no env call is under way.
-        """
-        if self.coalesce_s != "auto":
-            return self.coalesce_s
-        return min(COALESCE_MAX_S, max(COALESCE_S, self._step_s / 3))
+        return ready_since + coalesce_window(self.coalesce_s, self._step_s) - time.monotonic()
 
     def _generate(self, ready: list[Episode]) -> dict[Future[Generation], Episode]:
         now = time.perf_counter()
