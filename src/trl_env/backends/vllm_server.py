@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import os
 import random
 import threading
 import time
@@ -35,6 +34,7 @@ from trl_env.backends.base import (
     Sampling,
     vllm_sampling,
 )
+from trl_env.backends.lora_sync import sync_lora
 from trl_env.backends.vllm_http import (
     _http_session,
     _unreachable,
@@ -356,33 +356,8 @@ class VLLMServerGenerator(GeneratorBase):
     # -- policy sync through LoRA adapters (no NCCL, no CUDA) -------------------------------------
 
     def sync_lora(self, trainer: Any, adapter_dir: str) -> None:
-        """Serve the trainer's current PEFT adapter if the global step changed since the last sync.
-
-        The main process saves the adapter to ``adapter_dir/step-N``, loads it into every server
-        (``POST /v1/load_lora_adapter``; the server needs ``--enable-lora`` and
-        ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``) and unloads the previous one; then every request
-        names the adapter as its ``model``. Every rank calls this (a barrier keeps them together).
-        """
-        step = int(trainer.state.global_step)
-        if step == self._lora_step:
-            return
-        accelerator = trainer.accelerator
-        name = f"trl-env-step-{step}"
-        if accelerator.is_main_process:
-            model = accelerator.unwrap_model(trainer.model)
-            if not hasattr(model, "peft_config"):
-                raise ConfigError(
-                    f"lora_sync needs a PEFT model, got {type(model).__name__}; pass peft_config=LoraConfig(...) "
-                    "to GRPOTrainer."
-                )
-            path = os.path.abspath(os.path.join(adapter_dir, name))
-            model.save_pretrained(path)
-            for url in self.urls:
-                self._post_ok("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}, url=url)
-                if self.model != self.served_model:
-                    self._post_ok("/v1/unload_lora_adapter", {"lora_name": self.model}, url=url)
-        accelerator.wait_for_everyone()
-        self.model, self._lora_step = name, step
+        """Serve the trainer's PEFT adapter if the global step changed since the last sync (``backends.lora_sync``)."""
+        sync_lora(self, trainer, adapter_dir)
 
     # -- start-up checks --------------------------------------------------------------------------
 

@@ -1,0 +1,41 @@
+"""Policy sync through LoRA adapters (no NCCL, no CUDA): the trainer's PEFT adapter served by the vLLM servers."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from trl_env.errors import ConfigError
+
+if TYPE_CHECKING:
+    from trl_env.backends.vllm_server import VLLMServerGenerator
+
+
+def sync_lora(generator: VLLMServerGenerator, trainer: Any, adapter_dir: str) -> None:
+    """Serve the trainer's current PEFT adapter if the global step changed since the last sync.
+
+    The main process saves the adapter to ``adapter_dir/step-N``, loads it into every server
+    (``POST /v1/load_lora_adapter``; the server needs ``--enable-lora`` and
+    ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``) and unloads the previous one; then every request
+    names the adapter as its ``model``. Every rank calls this (a barrier keeps them together).
+    """
+    step = int(trainer.state.global_step)
+    if step == generator._lora_step:
+        return
+    accelerator = trainer.accelerator
+    name = f"trl-env-step-{step}"
+    if accelerator.is_main_process:
+        model = accelerator.unwrap_model(trainer.model)
+        if not hasattr(model, "peft_config"):
+            raise ConfigError(
+                f"lora_sync needs a PEFT model, got {type(model).__name__}; pass peft_config=LoraConfig(...) "
+                "to GRPOTrainer."
+            )
+        path = os.path.abspath(os.path.join(adapter_dir, name))
+        model.save_pretrained(path)
+        for url in generator.urls:
+            generator._post_ok("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}, url=url)
+            if generator.model != generator.served_model:
+                generator._post_ok("/v1/unload_lora_adapter", {"lora_name": generator.model}, url=url)
+    accelerator.wait_for_everyone()
+    generator.model, generator._lora_step = name, step
