@@ -25,7 +25,7 @@ pytest.importorskip("openenv", reason="OpenEnv is not installed: pip install 'tr
 from helpers import SpyGenerator, assert_token_exact  # noqa: E402
 
 from trl_env import Budgets, ChatMLProcessor, ConfigError, Ending, EnvError, TransformersGenerator, batch_rollout  # noqa: E402
-from trl_env.integrations import openenv as openenv_integration  # noqa: E402
+from trl_env.integrations import openenv_schema  # noqa: E402
 from trl_env.integrations.openenv import OpenEnvAdapter, observation_to_text, seed_to_reset_kwargs  # noqa: E402
 
 EXAMPLES = Path(__file__).parent.parent / "experiment" / "examples"
@@ -261,7 +261,7 @@ def test_a_schema_that_never_answers_stalls_only_its_own_server_up_to_the_timeou
         again_s = time.monotonic() - started
     finally:  # the server answers again, and is read again at once: later tests find it sound
         fault.set_fault(schema_hang=False)
-        monkeypatch.setattr(openenv_integration, "SCHEMA_RETRY_S", 0.0, raising=False)
+        monkeypatch.setattr(openenv_schema, "SCHEMA_RETRY_S", 0.0, raising=False)
         recovered = rollout(model, tokenizer, ["1", "2"], lambda: OpenEnvAdapter(fault.base_url, connect_timeout_s=2))
     failed = [r for r in rollouts if r.ending is Ending.ERROR]
     report = (
