@@ -2,6 +2,8 @@
 
 Offline, CPU, seconds: Qwen 3's real tokenizer and template (``pypi:qwen3``), a 5-turn toy env, replies of a
 ~60-token thought and a one-digit answer (scripted sampler). Run: ``python benchmarks/history_figures.py``.
+``--cost [TURNS ...]``: client time per episode at each length (default 10 40 100), ``"sampled"`` against
+``"deployed"`` and against ``"deployed"`` as of ``--before`` (a git revision's history.py): see history_cost.py.
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ class FiveTurnEnv:
 
 
 def main() -> None:
+    if "--cost" in sys.argv:
+        from history_cost import main as cost
+
+        return cost(sys.argv[sys.argv.index("--cost") + 1 :])
     tokenizer, processor = load_tokenizer("pypi:qwen3"), get_processor("qwen3")
     budgets = Budgets(max_turns=TURNS, max_new_tokens=256, max_completion_tokens=4096)
     thought = " ".join(["so the middle of the remaining range is the next guess"] * 5)  # ~60 tokens

@@ -23,7 +23,7 @@ from trl_env.env import Closable, Env, Seed, Truncatable, check_result
 from trl_env.errors import ConfigError, EnvError, EpisodeFailure, ProcessorError
 from trl_env.processors.base import FamilyProcessor, Processor
 from trl_env.rollout.env_text import EnvText, call
-from trl_env.rollout.history import DeployedHistory, Message
+from trl_env.rollout.history import Conversation, DeployedHistory
 from trl_env.rollout.records import Budgets, Ending, Rollout, Row, Turn
 
 
@@ -38,7 +38,7 @@ class Opened:
     """The env's reward after ``reset``: the episode's, should its first turn be cut before any step."""
     env_info: dict[str, Any] | None = None
     """The env's ``info`` after ``reset``, JSON-safe; ``None`` without one."""
-    messages: list[Message] | None = None
+    messages: Conversation | None = None
     """With ``history="deployed"``: the conversation so far (``prompt_ids`` is its rendering); else ``None``."""
 
 
@@ -62,7 +62,7 @@ class Stepped:
     """The env's ``info`` after the step, JSON-safe; ``None`` without one."""
     tool_calls: tuple[tuple[str, bool], ...] = ()
     """(tool name, succeeded) for each tool result the env answered with."""
-    messages: list[Message] | None = None
+    messages: Conversation | None = None
     """With ``history="deployed"``: the conversation so far, and ``next_ids`` is the next turn's whole prompt (the
     template's rendering of it), not the text to append."""
 
@@ -109,14 +109,13 @@ class Calls:
         result = call("env_exception", env.reset, seed)
         checked = call("env_bad_return", check_result, result, env, method="reset", env_index=index, turn=0)
         if self.deployed is not None:
-            messages = self.deployed.opening(checked.delta)
-            prompt_ids = self.deployed.encode(messages)
-            return Opened(checked.env, prompt_ids, checked.alive, checked.reward, checked.info, messages)
+            conversation = self.deployed.extend(None, self.deployed.opening(checked.delta))
+            return Opened(checked.env, conversation.ids, checked.alive, checked.reward, checked.info, conversation)
         prompt_ids = self.text.render(self.processor.init_system_input, checked.delta)
         return Opened(checked.env, prompt_ids, checked.alive, checked.reward, checked.info)
 
     def step(
-        self, index: int, env: Env, sampled: Generation, turn: int, messages: list[Message] | None = None
+        self, index: int, env: Env, sampled: Generation, turn: int, messages: Conversation | None = None
     ) -> Stepped:
         """Decode and parse the sampled turn, step the env with the action, tokenise what follows.
 
@@ -139,9 +138,12 @@ class Calls:
         next_ids = None
         if messages is not None:
             assert self.deployed is not None
-            messages = [*messages, self.deployed.reply(text), *self.deployed.answer(checked.delta)]
+            grown = [*messages.messages, self.deployed.reply(text), *self.deployed.answer(checked.delta)]
             if checked.alive and turn < self.max_turns:
-                next_ids = self.deployed.encode(messages)
+                messages = self.deployed.extend(messages, grown)
+                next_ids = messages.ids
+            else:
+                messages = Conversation(grown)
         elif checked.alive and turn < self.max_turns:
             lead = "" if sampled.finish_reason is FinishReason.STOP else self.closer
             if isinstance(checked.delta, ToolResults) and isinstance(self.processor, ToolProcessor):
@@ -224,7 +226,7 @@ class Episode:
     ending: Ending | None = None
     error: str = ""
     info: dict[str, Any] = field(default_factory=dict)
-    messages: list[Message] | None = None
+    messages: Conversation | None = None
     """With ``history="deployed"``: the conversation so far; ``prompt_ids`` + ``completion_ids`` is the current row."""
     rows: list[Row] = field(default_factory=list)
     """Finished rows (``history="deployed"``): the current one is ``prompt_ids``, ``completion_ids``, ... ."""

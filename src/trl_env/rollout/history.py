@@ -23,8 +23,9 @@ from trl_env.calling.types import ToolCalls, ToolResults
 from trl_env.errors import ConfigError, EpisodeFailure, ProcessorError
 from trl_env.processors.base import FamilyProcessor, ParseStatus, Processor, StopStrings
 from trl_env.processors.derived import mismatch
+from trl_env.rollout.conversation import Conversation, Incremental
 
-__all__ = ["DeployedHistory", "History", "Message"]
+__all__ = ["Conversation", "DeployedHistory", "History", "Message"]
 
 Message = dict[str, Any]
 """A chat message: ``role``, ``content``; an assistant's ``tool_calls``; a tool result's ``tool_call_id``, ``name``."""
@@ -150,8 +151,7 @@ class DeployedHistory:
         malformed call stays in the content as written.
         """
         sampled = text
-        stops = [str(s) for s in getattr(self.processor, "stop_strings", ())] if isinstance(
-            self.processor, StopStrings) else []  # fmt: skip
+        stops = self._stops
         eos = str(getattr(self.tokenizer, "eos_token", None) or "")
         for stop in [*stops, eos]:
             if stop and text.endswith(stop):
@@ -169,6 +169,13 @@ class DeployedHistory:
             parsed = family.parse(text)
             return {"role": "assistant", "content": parsed.action, family.reasoning_field: parsed.reasoning}
         return {"role": "assistant", **self._carried(text)}
+
+    @functools.cached_property
+    def _stops(self) -> list[str]:
+        """The processor's stop strings (a runtime protocol check is slow: once)."""
+        if not isinstance(self.processor, StopStrings):
+            return []
+        return [str(s) for s in getattr(self.processor, "stop_strings", ())]
 
     def _carried(self, text: str) -> Message:
         """``content`` (and the reasoning field) of a reply's ``text``, as a chat pipeline sends them back."""
@@ -231,6 +238,44 @@ class DeployedHistory:
                 for i, r in enumerate(delta.results)
             ]
         return [{"role": "user", "content": delta}]
+
+    @functools.cached_property
+    def incremental(self) -> Incremental:
+        """What this template and tokenizer allow to be rendered and tokenised turn by turn (see ``extend``)."""
+        kwargs = self.render_kwargs
+
+        def render(messages: list[Message], prompt: bool) -> str:
+            return _render(self.tokenizer, messages, kwargs, prompt=prompt)
+
+        plain = not isinstance(self.processor, ToolProcessor)
+        return Incremental(render, self.text.encode, self.text._added, self.tokenizer, self.reasoning_field, plain)  # noqa: SLF001
+
+    def extend(self, previous: Conversation | None, messages: list[Message]) -> Conversation:
+        """``messages`` (``previous``'s and the new ones) with their rendering and ids: exactly ``encode(messages)``.
+
+        Where the template appends (``Incremental.appends``) and the new messages are plain text, only the opening
+        and the new messages are rendered; where no env text spells an added token, only the text after the last
+        clean added token the previous rendering shares is tokenised. Otherwise ``encode``.
+        """
+        inc = self.incremental
+        head = len(messages) if previous is None else previous.head
+        old = [] if previous is None else previous.messages
+        new = messages[len(old) :]
+        memo = {} if previous is None else previous.memo
+        plain = inc.allowed and inc.plain(new) and (previous is None or previous.plain)
+        if not plain:
+            return Conversation(messages, "", self.encode(messages), (), head, False, memo)
+        text = None
+        if previous is not None and previous.text and inc.appends():
+            text = inc.tail(previous, new)
+        if text is None:
+            text = _render(self.tokenizer, messages, self.render_kwargs)
+        if previous is None and inc.appends():
+            memo["opening"] = (text, inc.render(messages, False))
+        opening = memo.get("opening")
+        stable = len(text) - len(opening[0]) + len(opening[1]) if opening else len(text)
+        ids, cuts = inc.tokenise(text, stable, previous)
+        return Conversation(messages, text, ids, cuts, head, True, memo)
 
     def encode(self, messages: list[Message]) -> list[int]:
         """The ids of the template's rendering of ``messages`` with the generation prompt; env text kept plain.
@@ -342,10 +387,10 @@ def _quoted(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)[1:-1]
 
 
-def _render(tokenizer: Any, messages: list[Message], kwargs: Mapping[str, Any]) -> str:
-    """``apply_chat_template`` as text with the generation prompt (after a user or a tool message)."""
+def _render(tokenizer: Any, messages: list[Message], kwargs: Mapping[str, Any], *, prompt: bool = True) -> str:
+    """``apply_chat_template`` as text, with the generation prompt (after a user or a tool message) or without."""
     try:
-        return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs))
+        return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt, **kwargs))
     except Exception as e:  # noqa: BLE001  # a template that refuses this conversation fails its episode
         raise EpisodeFailure(
             "processor_error", ProcessorError(f"the chat template failed: {type(e).__name__}: {e}")

@@ -1,0 +1,119 @@
+"""Client time per episode of history="deployed" against "sampled", and against "deployed" as of a git revision.
+
+Offline, CPU: 8 episodes, one env worker, an instant sampler (each turn's ids precomputed, already resolved), the real
+Qwen 2.5 tokenizer and template (ChatML replies) and Qwen 3's (replies that reason: a thought and a digit). "before":
+``src/trl_env/rollout/history.py`` at ``--before`` (default ``HEAD``) loaded as a module and put in the engine's place.
+Client time = process CPU time of ``batch_rollout``, best of ``--repeat``. Run:
+``python benchmarks/history_figures.py --cost 10 40 100 [--before REV] [--repeat 3]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from trl_env import FinishReason, Generation
+from trl_env.backends.base import resolved
+from trl_env.processors import get_processor
+from trl_env.rollout import Budgets, batch_rollout
+from trl_env.testing.tokenizers import load_tokenizer
+
+EPISODES = 8
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class InstantSampler:
+    """The same reply for every request, its ids computed once: what it costs is the library's, not the sampler's."""
+
+    continuous = False
+    context_limit = None
+
+    def __init__(self, tokenizer, text: str) -> None:
+        ids = list(tokenizer.encode(text, add_special_tokens=False))
+        self.generation = Generation(ids, [-0.5] * len(ids), FinishReason.STOP)
+
+    def submit(self, requests):
+        return [resolved(self.generation) for _ in requests]
+
+
+class GuessEnv:
+    def __init__(self) -> None:
+        self.reward, self.alive, self.turn = 0.0, True, 0
+
+    def reset(self, seed):
+        return self, f"Game {seed}: guess the hidden number, one digit per turn."
+
+    def step(self, action):
+        self.turn += 1
+        return (
+            self,
+            f"Turn {self.turn}: {action.strip()} is wrong, the hint is {'higher' if self.turn % 2 else 'lower'}.",
+        )
+
+
+def history_before(rev: str):
+    """``DeployedHistory`` as ``src/trl_env/rollout/history.py`` was at ``rev``, adapted to the engine's calls."""
+    source = subprocess.run(["git", "show", f"{rev}:src/trl_env/rollout/history.py"], cwd=ROOT, check=True,
+                            capture_output=True, text=True).stdout  # fmt: skip
+    path = Path(tempfile.mkdtemp()) / "history_before.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("trl_env.rollout.history_before", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    from trl_env.rollout.conversation import Conversation
+
+    class Before(module.DeployedHistory):
+        def extend(self, previous, messages):  # today's engine calls extend; before, it called encode
+            return Conversation(messages, "", self.encode(messages))
+
+    return Before
+
+
+def client_seconds(tokenizer, processor, reply: str, turns: int, history: str, repeat: int) -> float:
+    budgets = Budgets(max_turns=turns, max_new_tokens=256, max_completion_tokens=10**6)
+    best = float("inf")
+    for _ in range(repeat):
+        started = time.process_time()
+        rollouts = batch_rollout([str(i) for i in range(EPISODES)], GuessEnv, processor, tokenizer,
+                                 InstantSampler(tokenizer, reply), budgets=budgets, history=history,
+                                 env_workers=1)  # fmt: skip
+        best = min(best, time.process_time() - started)
+        assert all(len(r.turns) == turns for r in rollouts), [len(r.turns) for r in rollouts]
+    return best / EPISODES
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("turns", nargs="*", type=int, default=[10, 40, 100])
+    parser.add_argument("--before", default="HEAD")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args(argv)
+    import trl_env.rollout.engine as engine
+
+    now, before = engine.DeployedHistory, history_before(args.before)
+    cases = (("Qwen 2.5 (ChatML)", "pypi:qwen2_5", "qwen2_5", "7"),
+             ("Qwen 3, replies that reason", "pypi:qwen3", "qwen3",
+              "<think>\nThe middle of what is left is the next guess, so 7.\n</think>\n\n7"))  # fmt: skip
+    print(f"client ms per episode ({EPISODES} episodes, 1 env worker); deployed before = {args.before}")
+    print(f"{'template':28} {'turns':>5} {'sampled':>8} {'before':>8} {'now':>8} {'before/s':>8} {'now/s':>6}")
+    for label, name, proc, reply in cases:
+        tokenizer, processor = load_tokenizer(name), get_processor(proc)
+        text = reply + processor.stop_strings[0]
+        for warm in ("sampled", "deployed"):  # the engine's tokenizer copy and the template's compilation, once
+            client_seconds(tokenizer, processor, text, 2, warm, 1)
+        for turns in args.turns:
+            sampled = client_seconds(tokenizer, processor, text, turns, "sampled", args.repeat)
+            engine.DeployedHistory = before
+            try:
+                old = client_seconds(tokenizer, processor, text, turns, "deployed", args.repeat)
+            finally:
+                engine.DeployedHistory = now
+            new = client_seconds(tokenizer, processor, text, turns, "deployed", args.repeat)
+            print(f"{label:28} {turns:5d} {sampled * 1e3:8.1f} {old * 1e3:8.1f} {new * 1e3:8.1f} "
+                  f"{old / sampled:7.1f}x {new / sampled:5.1f}x", flush=True)  # fmt: skip

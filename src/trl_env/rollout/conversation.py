@@ -1,0 +1,194 @@
+"""``history="deployed"`` without re-rendering or re-tokenising the whole conversation every turn.
+
+``Conversation`` carries an episode's messages with their rendering and ids; ``Incremental`` renders only the new
+messages where the template provably appends (checked on probe conversations) and tokenises only the new text after
+an added token the tokenizer splits on first (checked on probe texts). Anything else takes the full path.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+Message = dict[str, Any]
+_SLOT = "TRLENVSLOT7c2d{}Q"  # plain text no template rewrites; stands for a message's text in a tail rendering
+_SLOTS = re.compile(r"TRLENVSLOT7c2d(\d+)Q")
+_PLAIN_ROLES = {"system", "user", "assistant"}
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """An episode's messages so far and, once encoded, the template's rendering of them with its ids."""
+
+    messages: list[Message]
+    text: str = ""
+    """The rendering with the generation prompt; ``""`` when not encoded."""
+    ids: list[int] = field(default_factory=list)
+    cuts: tuple[tuple[int, int], ...] = ()
+    """(chars, ids) pairs: ``text[:chars]`` tokenises to ``ids[:ids]`` whatever text follows it (the ends of clean
+    added tokens in the text tokenised last turn, and where it started)."""
+    head: int = 0
+    """How many messages the opening had (the head a tail rendering starts from)."""
+    plain: bool = False
+    """No env text spells an added token (ids are the rendering tokenised whole, so ``cuts`` may be used)."""
+    memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
+    """The episode's: its opening's renderings, and per shape of new messages, the tail rendering as pieces of
+    template text and message texts (``None``: render it every turn). Shared by all of the episode's conversations."""
+
+
+@dataclass
+class Incremental:
+    """Cheap checks of what a template and a tokenizer allow, computed once per ``DeployedHistory``."""
+
+    render: Callable[[list[Message], bool], str]
+    """The template's rendering of messages, with the generation prompt or without."""
+    encode: Callable[[str], list[int]]
+    added: re.Pattern[str] | None
+    tokenizer: Any
+    reasoning_field: str | None
+    allowed: bool = True
+    """False for conversations of other messages (tool calls): always the full rendering."""
+    _clean: dict[str, bool] = field(default_factory=dict)
+    _appends: bool | None = None
+    _rests: dict[str, list[int]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def clean(self, token: str) -> bool:
+        """Whether ids of a text ending with ``token`` stand whatever follows: the tokenizer splits it off first.
+
+        Holds for an added token without ``lstrip``/``rstrip``/``single_word`` whose neighbours are tokenised on
+        their own; checked on probe texts (a tokenizer that marks the first word, as SentencePiece's ``prepend``
+        does, fails them).
+        """
+        if token not in self._clean:
+            specs = getattr(self.tokenizer, "added_tokens_decoder", {}).values()
+            spec = next((t for t in specs if str(t) == token), None)
+            flags = [True] if spec is None else [getattr(spec, k, True) for k in ("lstrip", "rstrip", "single_word")]
+            ok = not any(flags)
+            for head in ("a b", "", "x\n"):
+                for tail in (" x", "x", "\n\nx", "\n", " ", token + "x", "\u65e5\u672c"):
+                    ok = ok and self.encode(head + token + tail) == self.encode(head + token) + self.encode(tail)
+            self._clean[token] = ok
+        return self._clean[token]
+
+    def appends(self) -> bool:
+        """Whether the template renders a turn's messages after the opening as they render after any history.
+
+        Checked on probe conversations (replies with and without reasoning, with and without a system message): at
+        every turn, the full rendering must be the previous one without its generation prompt plus the tail
+        rendering (the opening and the new messages, less the opening's rendering without the generation prompt).
+        """
+        with self._lock:
+            if self._appends is None:
+                self._appends = self.allowed and self._probe()
+            return self._appends
+
+    def _probe(self) -> bool:
+        def reply(k: int) -> Message:
+            if k % 3 and self.reasoning_field:  # with reasoning, and with an empty one (gpt-oss always has one)
+                return {"role": "assistant", "content": f"{k}", self.reasoning_field: f"Think {k} over." * (k % 3 - 1)}
+            return {"role": "assistant", "content": f"Answer {k}."}
+
+        try:
+            for head in ([{"role": "user", "content": "Start."}],
+                         [{"role": "system", "content": "Play."}, {"role": "user", "content": "Start."}]):  # fmt: skip
+                conversation = Conversation(list(head), self.render(head, True), head=len(head))
+                for k in range(5):
+                    new = [reply(k), {"role": "user", "content": f"Hint {k}." if k % 4 else f"\n Hint {k} \n"}]
+                    stitched = self.tail(conversation, new)
+                    messages = [*conversation.messages, *new]
+                    if stitched is None or stitched != self.render(messages, True):
+                        return False
+                    conversation = Conversation(messages, stitched, head=len(head), memo=conversation.memo)
+        except Exception:  # noqa: BLE001  # a template that fails on a probe: the full path decides
+            return False
+        return True
+
+    def tail(self, conversation: Conversation, new: list[Message]) -> str | None:
+        """The rendering of ``conversation``'s messages and ``new``, from its rendering.
+
+        Renders at most the opening and ``new`` (once per shape of ``new``, in an episode); ``None`` where the
+        renderings do not fit together.
+        """
+        memo, opening = conversation.memo, conversation.messages[: conversation.head]
+        if "opening" not in memo:
+            memo["opening"] = (self.render(opening, True), self.render(opening, False))
+        with_prompt, without = memo["opening"]
+        prompt, previous = with_prompt[len(without) :], conversation.text
+        if not with_prompt.startswith(without) or not previous.endswith(prompt):
+            return None
+        values = [m[k] for m in new for k in sorted(m) if k != "role"]
+        shape = tuple((m["role"], tuple(sorted(m)), tuple(bool(m[k]) for k in sorted(m))) for m in new)
+        if shape not in memo:
+            memo[shape] = self._pieces(opening, new, without)
+        pieces = memo[shape]
+        if pieces is None:
+            rendered = self.render([*opening, *new], True)
+            if not rendered.startswith(without):
+                return None
+            return previous[: len(previous) - len(prompt)] + rendered[len(without) :]
+        return previous[: len(previous) - len(prompt)] + "".join(p if isinstance(p, str) else values[p] for p in pieces)
+
+    def _pieces(self, opening: list[Message], new: list[Message], without: str) -> list[str | int] | None:
+        """The tail rendering of ``new`` as template text and indices of its message texts.
+
+        Read off a rendering with a marker for each text; ``None`` unless it predicts the rendering of texts with edge
+        whitespace too.
+        """
+
+        def filled(texts: list[str]) -> list[Message]:
+            it = iter(texts)
+            return [{k: (v if k == "role" else next(it)) for k, v in sorted(m.items())} for m in new]
+
+        count = sum(len(m) - 1 for m in new)
+        marked = self.render([*opening, *filled([_SLOT.format(j) for j in range(count)])], True)
+        if not marked.startswith(without):
+            return None
+        parts = _SLOTS.split(marked[len(without) :])
+        pieces: list[str | int] = [p if i % 2 == 0 else int(p) for i, p in enumerate(parts)]
+        values = [m[k] for m in new for k in sorted(m) if k != "role"]
+        edges = [f"\n {j} x \n" if v else "" for j, v in enumerate(values)]
+        actual = self.render([*opening, *filled(edges)], True)
+        predicted = without + "".join(p if isinstance(p, str) else edges[p] for p in pieces)
+        return pieces if actual == predicted else None
+
+    def plain(self, messages: list[Message]) -> bool:
+        """Messages the probes stand for: system, user and assistant text; no tool calls, no added token anywhere."""
+        for m in messages:
+            if m.get("role") not in _PLAIN_ROLES or set(m) - {"role", "content", self.reasoning_field}:
+                return False
+            if any(
+                not isinstance(v, str) or (self.added and self.added.search(v)) for k, v in m.items() if k != "role"
+            ):
+                return False
+        return True
+
+    def tokenise(
+        self, text: str, stable: int, previous: Conversation | None
+    ) -> tuple[list[int], tuple[tuple[int, int], ...]]:
+        """The ids of ``text`` (no env text spelling an added token), and the cuts for the next turn.
+
+        Reuses ``previous``'s ids up to the last of its cuts that ``text`` extends verbatim. The cuts: where this
+        turn's tokenisation started, and after the last clean added token in ``text[:stable]`` (what the next
+        rendering keeps: not the generation prompt, which Qwen 3 without thinking rewrites).
+        """
+        chars, count = 0, 0
+        if previous is not None and previous.plain:
+            chars, count = next(((c, k) for c, k in reversed(previous.cuts) if text.startswith(previous.text[:c])),
+                                (0, 0))  # fmt: skip
+        ids = previous.ids[:count] if previous is not None else []
+        cut = chars
+        if self.added is not None:
+            cut = next((m.end() for m in reversed(list(self.added.finditer(text, chars, stable)))
+                        if self.clean(m.group())), chars)  # fmt: skip
+        head = self.encode(text[chars:cut]) if cut > chars else []
+        rest = text[cut:]  # after the cut: most often the same text every turn (``\n`` and the generation prompt)
+        tail = self._rests.get(rest)
+        if tail is None:
+            tail = self.encode(rest)
+            if len(rest) < 256 and len(self._rests) < 64:
+                self._rests[rest] = tail
+        return [*ids, *head, *tail], ((chars, count), (cut, count + len(head)))
