@@ -2,7 +2,7 @@
 
 Offline, CPU: 8 episodes, one env worker, an instant sampler (each turn's ids precomputed, already resolved), the real
 Qwen 2.5 tokenizer and template (ChatML replies) and Qwen 3's (replies that reason: a thought and a digit). "before":
-``src/trl_env/rollout/history.py`` at ``--before`` (default ``HEAD``) loaded as a module and put in the engine's place.
+``src/trl_env/rollout/history.py`` at ``--before`` (default 7b6fd20, before issue 32 item 4) loaded as a module and put in the engine's place.
 Client time = process CPU time of ``batch_rollout``, best of ``--repeat``. Run:
 ``python benchmarks/history_figures.py --cost 10 40 100 [--before REV] [--repeat 3]``.
 """
@@ -91,7 +91,7 @@ def client_seconds(tokenizer, processor, reply: str, turns: int, history: str, r
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("turns", nargs="*", type=int, default=[10, 40, 100])
-    parser.add_argument("--before", default="HEAD")
+    parser.add_argument("--before", default="7b6fd20")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args(argv)
     import trl_env.rollout.engine as engine
