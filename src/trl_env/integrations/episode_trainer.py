@@ -29,6 +29,7 @@ from trl_env.integrations.micro_batches import (
     plan_micro_steps,
 )
 from trl_env.integrations.trl_internals import (
+    calculate_rewards,
     loss_extras,
     metrics,
     micro_step_index,
@@ -306,7 +307,7 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
         scored = []
         for x, r in zip(inputs, rollouts, strict=True):
             scored.append(dict(x, env_reward=r.reward, env_ending=r.ending.value, env_turns=len(r.turns)))
-        rewards_per_func = self._calculate_rewards(scored, prompts, completions, ids)
+        rewards_per_func = calculate_rewards(self, scored, prompts, completions, ids)
         group = self.num_generations if mode == "train" else self.num_generations_eval
         assert group is not None, "TRL sets num_generations_eval (it defaults to num_generations)"
         advantages, _ = episode_advantages(

@@ -97,6 +97,13 @@ def wrap_reward_calculation(trainer: Any, wrap: Callable[[RewardCalculation], Re
     trainer._trl_env_excludes_failed = True
 
 
+def calculate_rewards(
+    trainer: Any, inputs: list[dict[str, Any]], prompts: list[Any], completions: list[Any], ids: list[list[int]]
+) -> torch.Tensor:
+    """TRL's reward functions on ``inputs`` (``_calculate_rewards``): every process's rows x reward functions."""
+    return trainer._calculate_rewards(inputs, prompts, completions, ids)  # type: ignore[no-any-return]
+
+
 @contextlib.contextmanager
 def scoring_rows(
     trainer: Any, rows: dict[str, list[Any]], row_rewards: torch.Tensor, generations: str
