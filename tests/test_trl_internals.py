@@ -102,7 +102,7 @@ def test_pin_calculate_rewards_signature_and_private_attributes(tmp_path, model,
     assert trl_internals.tokenizer_of(trainer) is tokenizer
     assert isinstance(trainer._logs["advantages"], collections.deque)
     assert set(trainer._metrics) == {"train", "eval"}
-    assert isinstance(trl_internals.metrics(trainer, "train"), collections.defaultdict)
+    assert isinstance(trl_internals.metric_lists(trainer)["train"], collections.defaultdict)
     assert isinstance(trainer._pending_extra_logs, collections.defaultdict)  # spread_pending_extras reads it
     scoring = inspect.getsource(GRPOTrainer._generate_and_score_completions)
     assert "self._pending_extra_logs.get(column, [None] * len(prompts))" in scoring  # flushed beside the rows
@@ -126,7 +126,7 @@ def test_pin_generate_and_score_completions_takes_swapped_rows_and_logs_one_valu
     rows = {"prompt_ids": [ids, ids[:1], ids], "completion_ids": [[5, 6, 7], [8], [9, 10]],
             "logprobs": [[-0.1, -0.2, -0.3], [-0.4], [-0.5, -0.6]], "env_mask": [[1, 0, 1], [1], [0, 0]]}  # fmt: skip
     rewards = torch.tensor([[1.0], [2.0], [float("nan")]], device=trainer.accelerator.device)  # TRL gathers them there
-    before = {k: len(v) for k, v in trl_internals.metrics(trainer, "train").items()}
+    before = {k: len(v) for k, v in trl_internals.metric_lists(trainer)["train"].items()}
     logged_before = len(trainer._logs["advantages"])
     with trl_internals.scoring_rows(trainer, rows, rewards, "num_generations"):
         assert trainer.num_generations == 1
@@ -139,7 +139,7 @@ def test_pin_generate_and_score_completions_takes_swapped_rows_and_logs_one_valu
     assert output["tool_mask"][0].tolist() == [1, 0, 1]  # env_mask becomes TRL's tool_mask
     assert output["sampling_per_token_logps"][1, 0].item() == pytest.approx(-0.4)
     assert output["advantages"].tolist() == [0.0, 0.0, 0.0]  # groups of one: reward minus its own mean
-    metrics = trl_internals.metrics(trainer, "train")
+    metrics = trl_internals.metric_lists(trainer)["train"]
     assert all(len(v) == before.get(k, 0) + 1 for k, v in metrics.items() if k.startswith(("reward", "frac_")))
     assert len(trainer._logs["advantages"]) == logged_before + 3
     trl_internals.replace_logged_advantages(trainer, [0.5, -0.5, 0.0])

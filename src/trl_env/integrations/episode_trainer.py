@@ -31,7 +31,7 @@ from trl_env.integrations.micro_batches import (
 from trl_env.integrations.trl_internals import (
     calculate_rewards,
     loss_extras,
-    metrics,
+    metric_lists,
     micro_step_index,
     replace_logged_advantages,
     require_tested_trl,
@@ -344,7 +344,7 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
         groups = [credits[g : g + group] for g in range(0, len(credits), group)]
         advantages = [estimate(estimator, g) for g in groups]
         for key, value in credit_metrics(groups, advantages).items():
-            metrics(self, mode)[key].append(value)
+            metric_lists(self)[mode][key].append(value)
         flat = [a for g in advantages for a in g][local]
         return [row for r, a in zip(rollouts, flat, strict=True) for row in token_advantages(r, a)]
 
@@ -352,7 +352,7 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
         self, mode: str, advantages: torch.Tensor, rewards_per_func: torch.Tensor, group: int
     ) -> None:
         """Replace the reward statistics TRL just logged per row with the episodes' (as GRPOTrainer logs them)."""
-        logged = metrics(self, mode)
+        logged = metric_lists(self)[mode]
         weighted = weighted_rewards(rewards_per_func, self.reward_weights)
         for i, name in enumerate(self.reward_func_names):
             logged[f"rewards/{name}/mean"][-1] = torch.nanmean(rewards_per_func[:, i]).item()

@@ -196,11 +196,6 @@ def metric_lists(trainer: Any) -> Any:
     return getattr(trainer, "_metrics", None)
 
 
-def metrics(trainer: Any, mode: str) -> Any:
-    """TRL's per-mode metric lists (``trainer._metrics[mode]``: key -> values appended per step, averaged at log)."""
-    return trainer._metrics[mode]
-
-
 # --- trl.experimental.async_grpo ------------------------------------------------------------------------------------
 
 
