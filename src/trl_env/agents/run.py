@@ -1,0 +1,52 @@
+"""What an agent program receives: its episode's task and a client bound to that episode through the gateway.
+
+An agent program is unmodified code written against an OpenAI-compatible client. trl-env runs one program per
+episode; every model call it makes through ``AgentRun``'s client is a turn of that episode (docs/agents.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+if TYPE_CHECKING:  # the `openai` package is the "agents" extra, imported only when a client is built
+    import openai
+
+__all__ = ["AgentProgram", "AgentRun"]
+
+
+@dataclass(frozen=True)
+class AgentRun:
+    """One episode as its agent program sees it: the task, and where (and as whom) to call the model."""
+
+    task: Any
+    """The episode's task: the dataset row's ``prompt`` value (a string or a list of chat messages)."""
+    seed: str
+    """The episode's seed (the same rule as an ``Env``'s ``reset(seed)``)."""
+    base_url: str
+    """The gateway's OpenAI-compatible base URL, e.g. ``http://127.0.0.1:43121/v1``."""
+    api_key: str
+    """This episode's key: unguessable, valid only for this episode and only while it runs."""
+    model: str
+    """The model name to send (any name is answered by the policy being trained; this one is reported)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Anything else the dataset row carries (its other columns), read-only by convention."""
+
+    def openai(self, **kwargs: Any) -> openai.OpenAI:
+        """A real ``openai.OpenAI`` client bound to this episode (``kwargs`` go to its constructor)."""
+        import openai
+
+        return openai.OpenAI(base_url=self.base_url, api_key=self.api_key, **kwargs)
+
+    def async_openai(self, **kwargs: Any) -> openai.AsyncOpenAI:
+        """A real ``openai.AsyncOpenAI`` client bound to this episode (``kwargs`` go to its constructor)."""
+        import openai
+
+        return openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, **kwargs)
+
+
+AgentProgram: TypeAlias = Callable[[AgentRun], "float | None"] | Callable[[AgentRun], Awaitable["float | None"]]
+"""An agent: called once per episode with its ``AgentRun``; returns the episode's reward, or ``None`` to leave the
+reward to the trainer's reward functions (or a verifier callback). Sync functions run on a worker thread of their own;
+``async`` ones on an event loop of their own."""
