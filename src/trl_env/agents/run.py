@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 if TYPE_CHECKING:  # the `openai` package is the "agents" extra, imported only when a client is built
-    import openai
+    from openai import AsyncOpenAI, OpenAI
 
 __all__ = ["AgentProgram", "AgentRun"]
 
@@ -33,13 +33,13 @@ class AgentRun:
     extra: dict[str, Any] = field(default_factory=dict)
     """Anything else the dataset row carries (its other columns), read-only by convention."""
 
-    def openai(self, **kwargs: Any) -> openai.OpenAI:
+    def openai(self, **kwargs: Any) -> OpenAI:
         """A real ``openai.OpenAI`` client bound to this episode (``kwargs`` go to its constructor)."""
         import openai
 
         return openai.OpenAI(base_url=self.base_url, api_key=self.api_key, **kwargs)
 
-    def async_openai(self, **kwargs: Any) -> openai.AsyncOpenAI:
+    def async_openai(self, **kwargs: Any) -> AsyncOpenAI:
         """A real ``openai.AsyncOpenAI`` client bound to this episode (``kwargs`` go to its constructor)."""
         import openai
 
