@@ -8,6 +8,7 @@ so it survives worker threads and processes::
       ProcessorError(TrlEnvError, ValueError)   a processor broke its contract
       EnvError(TrlEnvError, RuntimeError)       a user Env raised or returned the wrong thing
         EnvTimeoutError(EnvError)               a user Env call did not return in time
+        AgentError(EnvError)                    an agent program raised, exited or never called the model
       ServerError(TrlEnvError, RuntimeError)    a generator backend failed
       SandboxUnavailableError(TrlEnvError, RuntimeError)  no kernel isolation for trl_env.sandbox here
       EpisodeFailure(TrlEnvError)               what ended one episode, classified where it happened
@@ -69,6 +70,10 @@ class EnvTimeoutError(EnvError):
     """A user Env call ran past ``env_timeout``; its episode was abandoned."""
 
 
+class AgentError(EnvError):
+    """An agent program (``trl_env.agents``) raised, exited, or returned before its first model call."""
+
+
 class ServerError(TrlEnvError, RuntimeError):
     """A generation backend failed or answered with something unusable."""
 
@@ -100,10 +105,12 @@ class SandboxUnavailableError(TrlEnvError, RuntimeError):
     """
 
 
-ERROR_KINDS = ("env_exception", "env_bad_return", "env_timeout", "processor_error", "server_error", "prompt_error")
+ERROR_KINDS = (
+    "env_exception", "env_bad_return", "env_timeout", "processor_error", "server_error", "prompt_error", "agent_error"
+)  # fmt: skip
 """Why an episode failed, by where it happened: env code raised, env code returned something unusable, env
 code ran past ``env_timeout``, a processor method raised or broke its contract, the generator failed, the
-dataset row could not become a seed."""
+dataset row could not become a seed, an agent program raised, exited or never called the model."""
 
 
 class EpisodeFailure(TrlEnvError):

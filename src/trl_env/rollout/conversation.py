@@ -38,6 +38,10 @@ class Conversation:
     """The episode's: its opening's renderings, and per shape of new messages, the tail rendering as pieces of
     template text and message texts (``None``: render it every turn). Shared by all of the episode's conversations."""
 
+    tools: tuple[Any, ...] = ()
+    """The tools the conversation is rendered with when it is a chat request's (``chat``); else unused."""
+    chat: bool = False
+    """The messages are a chat request's, as an agent sent them (``rollout/chat.py``), not built turn by turn."""
 
 @dataclass
 class Incremental:

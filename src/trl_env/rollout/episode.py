@@ -22,6 +22,7 @@ from trl_env.calling.types import ToolResults
 from trl_env.env import Closable, Env, Seed, Truncatable, check_result
 from trl_env.errors import ConfigError, EnvError, EpisodeFailure, ProcessorError
 from trl_env.processors.base import FamilyProcessor, Processor
+from trl_env.rollout.chat import ChatHistories, ChatRequest, Reply, normalize
 from trl_env.rollout.env_text import EnvText, call
 from trl_env.rollout.history import Conversation, DeployedHistory
 from trl_env.rollout.records import Budgets, Ending, Rollout, Row, Turn
@@ -89,6 +90,11 @@ class Calls:
     """The end-of-turn token as text: closes a turn cut by the length limit before the next user turn."""
     deployed: DeployedHistory | None = None
     """With ``history="deployed"``: renders each turn's whole prompt with the chat template."""
+    chats: ChatHistories | None = field(default=None, init=False)
+    """With ``history="deployed"``: the histories chat requests (``ChatRequest`` observations) render with."""
+
+    def __post_init__(self) -> None:
+        self.chats = None if self.deployed is None else ChatHistories(self.deployed)
 
     def open(self, index: int, seed: Seed | BaseException) -> Opened:
         """Build the env, reset it with ``seed`` and tokenise the opening prompt."""
@@ -109,7 +115,10 @@ class Calls:
         result = call("env_exception", env.reset, seed)
         checked = call("env_bad_return", check_result, result, env, method="reset", env_index=index, turn=0)
         if self.deployed is not None:
-            conversation = self.deployed.extend(None, self.deployed.opening(checked.delta))
+            if isinstance(checked.delta, ChatRequest):
+                conversation = self._chat(None, checked.delta)
+            else:
+                conversation = self.deployed.extend(None, self.deployed.opening(checked.delta))
             return Opened(checked.env, conversation.ids, checked.alive, checked.reward, checked.info, conversation)
         prompt_ids = self.text.render(self.processor.init_system_input, checked.delta)
         return Opened(checked.env, prompt_ids, checked.alive, checked.reward, checked.info)
@@ -123,6 +132,8 @@ class Calls:
         next turn's whole prompt: the template's rendering of the conversation with this reply and the env's answer.
         """
         started = time.perf_counter()
+        if messages is not None and messages.chat:
+            return self._step_chat(index, env, sampled, turn, messages, started)
         text = call("server_error", self.text.tokenizer.decode, sampled.token_ids, skip_special_tokens=False)
         parsed, status = call("processor_error", _parse, self.processor, text)
         if not (isinstance(parsed, tuple) and len(parsed) == 2 and all(isinstance(x, str) for x in parsed)):
@@ -166,6 +177,62 @@ class Calls:
             env_s=time.perf_counter() - started,
             next_ids=next_ids,
             messages=messages,
+        )
+
+    def _chat(self, previous: Conversation | None, request: ChatRequest) -> Conversation:
+        """A chat request's messages rendered with its tools; ``previous`` is reused only if they extend it."""
+        assert self.chats is not None
+        history = call("processor_error", self.chats.get, request.tools)
+        messages = normalize(request.messages, history)
+        if previous is not None:
+            old = previous.messages
+            previous = previous if previous.tools == request.tools and messages[: len(old)] == old else None
+        conversation = history.extend(previous, messages)
+        return dataclasses.replace(conversation, tools=request.tools, chat=True)
+
+    def _step_chat(
+        self, index: int, env: Env, sampled: Generation, turn: int, messages: Conversation, started: float
+    ) -> Stepped:
+        """``step`` for a chat env: stepped with a ``Reply``; its next ``ChatRequest`` is rendered as it stands."""
+        assert self.chats is not None
+        history = call("processor_error", self.chats.get, messages.tools)
+        decode = self.text.tokenizer.decode
+        text = call("server_error", decode, sampled.token_ids, skip_special_tokens=False)
+        parsed, status = call("processor_error", _parse, history.processor, text)
+        assert isinstance(parsed, tuple), "family and tool processors return (reasoning, action)"
+        reply = Reply(
+            str(parsed[1]),
+            call("processor_error", history.reply, text),
+            reasoning_field=history.reasoning_field,
+            finish_reason=sampled.finish_reason.value,
+            token_ids=sampled.token_ids,
+            logprobs=sampled.logprobs,
+            tokens=[decode([i], skip_special_tokens=False) for i in sampled.token_ids],
+            prompt_tokens=len(messages.ids),
+        )
+        result = call("env_exception", env.step, reply)
+        checked = call("env_bad_return", check_result, result, env, method="step", env_index=index, turn=turn)
+        going = checked.alive and turn < self.max_turns
+        next_ids, grown = None, messages
+        if isinstance(checked.delta, ChatRequest):
+            grown = self._chat(messages, checked.delta) if going else Conversation(list(checked.delta.messages))
+            next_ids = grown.ids if going else None
+        elif going:
+            grown = history.extend(messages, [*messages.messages, reply.message, *history.answer(checked.delta)])
+            grown, next_ids = dataclasses.replace(grown, tools=messages.tools, chat=True), grown.ids
+        return Stepped(
+            env=checked.env,
+            text=text,
+            reasoning=str(parsed[0]),
+            action=str(parsed[1]),
+            parse_status=status,
+            env_info=checked.info,
+            delta=checked.delta,
+            reward=checked.reward,
+            alive=checked.alive,
+            env_s=time.perf_counter() - started,
+            next_ids=next_ids,
+            messages=grown,
         )
 
     @staticmethod

@@ -1,0 +1,185 @@
+"""``AgentEnv``: an agent program run as an episode, by inversion of control, so it rides the one engine.
+
+``reset`` starts the program on a thread of its own and returns its first model call (a ``ChatRequest``); ``step``
+answers the waiting call with the sampled reply and returns the next call, or ends the episode with the program's
+reward. Every call is a turn: batching, budgets, ``env_timeout``, credit, both trainers and ``trl-env eval`` apply
+unchanged. Needs ``history="deployed"`` (each call's messages rendered by the chat template). See docs/agents.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import numbers
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from trl_env.agents.gateway import Gateway, Pending, Session, refuse, shared_gateway
+from trl_env.agents.run import AgentProgram, AgentRun
+from trl_env.env import Delta, Env, Seed
+from trl_env.errors import AgentError, ConfigError, EpisodeFailure
+from trl_env.rollout.chat import ChatRequest, Reply
+
+__all__ = ["AgentEnv", "agent_env_factory"]
+
+Verifier = Callable[[AgentRun, Any], float]
+"""Scores an episode from its run and what the program returned (called on the episode's worker thread)."""
+
+
+class AgentEnv:
+    """One episode of an agent program: each model call it makes is a turn (``history="deployed"``)."""
+
+    def __init__(self, program: AgentProgram, *, gateway: Gateway | None = None, verify: Verifier | None = None,
+                 settle_s: float = 30.0) -> None:  # fmt: skip
+        """``program`` runs once per episode; ``verify`` (optional) scores it instead of its return value.
+
+        ``settle_s``: after trl-env ends an episode (a budget), how long its program may take to return its reward.
+        """
+        self.program, self.verify, self.settle_s = program, verify, settle_s
+        self.gateway = gateway
+        self.reward, self.alive = 0.0, True
+        self.info: dict[str, Any] = {"agent_calls": 0}
+        self._session: Session | None = None
+        self._pending: Pending | None = None
+        self._run: AgentRun | None = None
+
+    def reset(self, seed: Seed) -> tuple[Env, Delta]:
+        """Start the program with ``seed`` as its task; return its first model call.
+
+        Raises:
+            EpisodeFailure: ``agent_error`` when the program raised or returned before calling the model.
+        """
+        gateway = self.gateway or shared_gateway()
+        self._session = session = gateway.open()
+        self._run = run = AgentRun(task=seed, seed=seed, base_url=gateway.base_url, api_key=session.key,
+                                   model=gateway.model)  # fmt: skip
+        threading.Thread(target=self._main, args=(run, session), daemon=True, name="trl-env-agent").start()
+        return self._next()
+
+    def step(self, action: str) -> tuple[Env, Delta]:
+        """Answer the waiting call with ``action`` (a ``Reply``); return the program's next call, or end.
+
+        Raises:
+            EpisodeFailure: ``agent_error`` when the program raised.
+        """
+        if not isinstance(action, Reply):
+            raise ConfigError(
+                "an AgentEnv is stepped with a Reply: run it with history='deployed' (make_rollout_func(..., "
+                "history='deployed'), batch_rollout(..., history='deployed'))."
+            )
+        assert self._pending is not None, "a step answers the call reset or the last step returned"
+        pending, self._pending = self._pending, None
+        if not pending.future.done():  # the client may have gone; the turn stands either way
+            pending.future.set_result(action)
+        return self._next()
+
+    def truncate(self, reason: str) -> None:
+        """trl-env ended the episode (``max_turns``, ``length``): answer the waiting call ``length``, refuse later ones.
+
+        The program's return value (within ``settle_s``) is the episode's reward.
+        """
+        if self._pending is not None:
+            empty = Reply("", {"role": "assistant", "content": ""}, reasoning_field=None, finish_reason="length",
+                          token_ids=(), logprobs=(), tokens=(), prompt_tokens=0)  # fmt: skip
+            self._pending.future.set_result(empty)
+            self._pending = None
+        self._close(reason)
+        assert self._session is not None
+        outcome = self._session.wait_outcome(self.settle_s)
+        if outcome is not None and outcome[0] == "returned":
+            self._score(outcome[1])
+        else:
+            self.info["agent_unsettled"] = "raised" if outcome else f"no return within settle_s={self.settle_s}"
+
+    def close(self) -> None:
+        """End the session: the program's waiting and later calls are refused."""
+        self._close("closed")
+
+    def _close(self, reason: str) -> None:
+        if self._session is None:
+            return
+        if self._pending is not None:
+            refuse(self._pending, f"this episode has ended ({reason}); the call was not answered")
+            self._pending = None
+        (self.gateway or shared_gateway()).close(self._session, reason)
+
+    def _main(self, run: AgentRun, session: Session) -> None:
+        """The program's thread: run it (an ``async`` one on an event loop of its own) and record how it ended."""
+        try:
+            result = self.program(run)
+            if inspect.isawaitable(result):
+                result = asyncio.run(_awaited(result))
+        except BaseException as e:  # noqa: BLE001  # the program's failure ends its episode, recorded there
+            session.finish("raised", e)
+        else:
+            session.finish("returned", result)
+
+    def _next(self) -> tuple[Env, Delta]:
+        assert self._session is not None
+        pending = self._session.next()
+        if pending is not None:
+            self._pending = pending
+            self.info["agent_calls"] += 1
+            for name in pending.call.overridden:
+                overridden = self.info.setdefault("agent_overridden", {})
+                overridden[name] = overridden.get(name, 0) + 1
+            return self, ChatRequest(pending.call.messages, pending.call.tools)
+        self.alive = False
+        outcome = self._session.outcome
+        self._close("the program returned")
+        if outcome is None:
+            raise EpisodeFailure("agent_error", AgentError("the agent's session ended before the program did"))
+        kind, value = outcome
+        if kind == "raised":
+            error = AgentError(f"the agent program raised {type(value).__name__}: {value}")
+            raise EpisodeFailure("agent_error", error) from value
+        if self.info["agent_calls"] == 0:
+            raise EpisodeFailure(
+                "agent_error",
+                AgentError(
+                    f"the agent program returned {value!r:.80} before its first model call; it must call the model "
+                    "through AgentRun's client (run.openai() / run.async_openai())"
+                ),
+            )
+        self._score(value)
+        return self, ""
+
+    def _score(self, value: Any) -> None:
+        assert self._run is not None
+        if self.verify is not None:
+            value = self.verify(self._run, value)
+        if value is None:
+            self.info["agent_reward"] = "none returned"
+            return
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            raise EpisodeFailure(
+                "agent_error", AgentError(f"the agent program returned {value!r:.80}; return a finite float or None")
+            )
+        self.reward = float(value)
+
+
+async def _awaited(result: Any) -> Any:
+    return await result
+
+
+def agent_env_factory(program: AgentProgram, *, gateway: Gateway | None = None, verify: Verifier | None = None,
+                      settle_s: float = 30.0) -> Callable[[], AgentEnv]:  # fmt: skip
+    """An ``env_factory`` running ``program`` once per episode, for ``make_rollout_func`` / ``batch_rollout``.
+
+    Use it with ``history="deployed"``. Calls go through ``gateway`` (default: the process's, started on first use).
+
+    Raises:
+        ConfigError: ``program`` is not callable, or the ``agents`` extra is not installed.
+    """
+    if not callable(program):
+        raise ConfigError(f"program={program!r}: pass a function taking an AgentRun (sync or async).")
+    from trl_env.agents.gateway import _require
+
+    _require()
+
+    def factory() -> AgentEnv:
+        return AgentEnv(program, gateway=gateway, verify=verify, settle_s=settle_s)
+
+    return factory

@@ -1,0 +1,197 @@
+"""The OpenAI chat-completions wire: a validated reader for requests, and answers built with ``openai``'s own models.
+
+Requests are read by a small validator (a malformed one is a ``WireError``: a 400 with OpenAI's error body);
+answers are ``openai.types.chat.ChatCompletion`` / ``ChatCompletionChunk`` objects, so the field names and shapes are
+the SDK's own. A stream is the whole answer replayed as chunks (content, reasoning, calls, finish, usage), as
+OpenEnv's capture server (``openenv.core.harness.capture.sse``) replays a complete response: the reply is sampled
+whole, never streamed token by token.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from trl_env.rollout.chat import Reply, wire_message
+
+__all__ = ["ChatCall", "WireError", "completion", "error_body", "parse_request", "stream_events"]
+
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+_SAMPLING = (
+    "temperature", "top_p", "presence_penalty", "frequency_penalty", "seed", "max_tokens", "max_completion_tokens",
+    "stop", "tool_choice", "parallel_tool_calls", "logit_bias", "response_format", "top_k", "min_p",
+    "repetition_penalty",
+)  # fmt: skip
+"""Fields that would change what is sampled: trl-env samples with the trainer's settings (on-policy) and records
+each one an agent set in the episode's info (``agent_overridden``)."""
+
+
+class WireError(Exception):
+    """A request the gateway refuses; ``status`` and OpenAI's error fields (``type``, ``param``, ``code``)."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None) -> None:  # fmt: skip
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+
+def error_body(error: WireError) -> dict[str, Any]:
+    """OpenAI's error body: ``{"error": {"message", "type", "param", "code"}}``."""
+    return {"error": {"message": error.message, "type": error.type, "param": error.param, "code": error.code}}
+
+
+@dataclass(frozen=True)
+class ChatCall:
+    """A validated ``POST /v1/chat/completions`` request."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    model: str
+    stream: bool = False
+    logprobs: bool = False
+    top_logprobs: int = 0
+    overridden: tuple[str, ...] = ()
+    """Sampling fields the agent set (``_SAMPLING``), which trl-env overrides with the trainer's."""
+
+
+def _bad(message: str, param: str) -> WireError:
+    return WireError(400, message, param=param)
+
+
+def parse_request(body: bytes) -> ChatCall:
+    """Read and validate a chat-completions request body.
+
+    Raises:
+        WireError: 400 naming the field (``param``) and what is wrong with it.
+    """
+    try:
+        data = json.loads(body)
+    except ValueError as e:
+        raise _bad(f"the body is not JSON: {e}", "body") from None
+    if not isinstance(data, dict):
+        raise _bad("the body must be a JSON object", "body")
+    messages = data.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _bad("'messages' must be a non-empty list of messages", "messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in _ROLES:
+            raise _bad(f"messages[{i}] must be an object with a role in {list(_ROLES)}", f"messages[{i}].role")
+        content = m.get("content")
+        if not (content is None or isinstance(content, (str, list))):
+            raise _bad(f"messages[{i}].content must be a string, a list of parts or null", f"messages[{i}].content")
+        if m["role"] == "developer":  # the same slot as a system message, for the chat template
+            messages[i] = {**m, "role": "system"}
+        calls = m.get("tool_calls")
+        if calls is not None and not (isinstance(calls, list) and all(_is_call(c) for c in calls)):
+            raise _bad(f"messages[{i}].tool_calls must be a list of function calls", f"messages[{i}].tool_calls")
+    tools = data.get("tools") or []
+    if not isinstance(tools, list) or not all(_is_tool(t) for t in tools):
+        raise _bad("'tools' must be a list of {'type': 'function', 'function': {'name': ...}}", "tools")
+    _check_tool_choice(data.get("tool_choice"), {t["function"]["name"] for t in tools})
+    if data.get("n", 1) not in (1, None):
+        raise _bad(f"n={data.get('n')!r}: the gateway samples one choice per call (n=1)", "n")
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = data.get(name)
+        if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+            raise _bad(f"{name}={value!r}: must be a positive integer", name)
+    stop = data.get("stop")
+    texts = isinstance(stop, list) and all(isinstance(s, str) for s in stop)
+    if not (stop is None or isinstance(stop, str) or texts):
+        raise _bad("'stop' must be a string or a list of strings", "stop")
+    top = data.get("top_logprobs") or 0
+    if not (isinstance(top, int) and 0 <= top <= 20):
+        raise _bad(f"top_logprobs={top!r}: must be an integer from 0 to 20", "top_logprobs")
+    return ChatCall(
+        messages=messages,
+        tools=tools,
+        model=str(data.get("model") or ""),
+        stream=bool(data.get("stream")),
+        logprobs=bool(data.get("logprobs")),
+        top_logprobs=top,
+        overridden=tuple(k for k in _SAMPLING if data.get(k) is not None),
+    )
+
+
+def _is_call(call: object) -> bool:
+    function = call.get("function") if isinstance(call, dict) else None
+    return isinstance(function, dict) and isinstance(function.get("name"), str)
+
+
+def _is_tool(tool: object) -> bool:
+    return isinstance(tool, dict) and tool.get("type", "function") == "function" and _is_call(tool)
+
+
+def _check_tool_choice(choice: object, names: set[str]) -> None:
+    if choice is None or choice in ("auto", "none", "required"):
+        return
+    function = choice.get("function") if isinstance(choice, Mapping) else None
+    name = function.get("name") if isinstance(function, Mapping) else None
+    if name not in names:
+        raise _bad(
+            f"tool_choice={choice!r}: use 'auto', 'none', 'required' or "
+            "{'type': 'function', 'function': {'name': <one of the tools>}}",
+            "tool_choice",
+        )
+
+
+def finish_reason(reply: Reply) -> str:
+    """``length`` (cut), ``tool_calls`` (the reply calls tools) or ``stop``."""
+    if reply.finish_reason == "length":
+        return "length"
+    return "tool_calls" if reply.message.get("tool_calls") else "stop"
+
+
+def completion(reply: Reply, call: ChatCall, *, id: str, created: int, model: str) -> Any:
+    """The non-streaming answer: an ``openai.types.chat.ChatCompletion``."""
+    from openai.types.chat import ChatCompletion
+
+    message = wire_message(reply)
+    choice = {"index": 0, "message": message, "finish_reason": finish_reason(reply), "logprobs": _logprobs(reply, call)}
+    head = {"id": id, "object": "chat.completion", "created": created, "model": model}
+    return ChatCompletion.model_validate({**head, "choices": [choice], "usage": _usage(reply)})
+
+
+def stream_events(reply: Reply, call: ChatCall, *, id: str, created: int, model: str) -> Iterator[str]:
+    """The streaming answer as SSE ``data:`` lines of ``ChatCompletionChunk``s, a usage chunk, then ``[DONE]``."""
+    from openai.types.chat import ChatCompletionChunk
+
+    message = wire_message(reply)
+    head = {"id": id, "object": "chat.completion.chunk", "created": created, "model": model}
+    deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
+    if message.get("reasoning_content"):
+        deltas.append({"reasoning_content": message["reasoning_content"]})
+    if message.get("content"):
+        deltas.append({"content": message["content"]})
+    for i, c in enumerate(message.get("tool_calls") or ()):
+        deltas.append({"tool_calls": [{"index": i, **c}]})
+    logprobs = _logprobs(reply, call)
+    for k, delta in enumerate(deltas):
+        choice = {"index": 0, "delta": delta, "finish_reason": None, "logprobs": logprobs if k == 0 else None}
+        yield _event(ChatCompletionChunk.model_validate({**head, "choices": [choice]}))
+    last = {"index": 0, "delta": {}, "finish_reason": finish_reason(reply)}
+    yield _event(ChatCompletionChunk.model_validate({**head, "choices": [last]}))
+    yield _event(ChatCompletionChunk.model_validate({**head, "choices": [], "usage": _usage(reply)}))
+    yield "data: [DONE]\n\n"
+
+
+def _event(chunk: Any) -> str:
+    return f"data: {chunk.model_dump_json(exclude_unset=True)}\n\n"
+
+
+def _usage(reply: Reply) -> dict[str, int]:
+    done = len(reply.token_ids)
+    return {"prompt_tokens": reply.prompt_tokens, "completion_tokens": done, "total_tokens": reply.prompt_tokens + done}
+
+
+def _logprobs(reply: Reply, call: ChatCall) -> dict[str, Any] | None:
+    """Each sampled token with its logprob; ``top_logprobs`` holds the sampled token only (the server sends no more)."""
+    if not call.logprobs:
+        return None
+    content = []
+    for token, logprob in zip(reply.tokens, reply.logprobs, strict=True):
+        raw = list(token.encode("utf-8"))
+        top = [{"token": token, "logprob": logprob, "bytes": raw}] if call.top_logprobs else []
+        content.append({"token": token, "logprob": logprob, "bytes": raw, "top_logprobs": top})
+    return {"content": content, "refusal": None}

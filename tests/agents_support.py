@@ -1,0 +1,40 @@
+"""Shared by the agents tests: a scripted generator whose reply depends only on the prompt it is given."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+from trl_env import Generation
+from trl_env.backends.base import FinishReason, resolved
+
+
+class PromptReplyGenerator:
+    """Replies ``script(k, prompt)`` where k counts the assistant turns already in the prompt; records every request.
+
+    The reply and its logprobs depend only on the prompt, so two paths that render the same prompts get the same
+    tokens whatever order episodes run in. ``script`` returns the reply text (its end-of-turn token included).
+    """
+
+    continuous = False
+    context_limit = None
+
+    def __init__(self, tokenizer, script, *, marker="<|im_start|>assistant"):
+        self.tokenizer, self.script, self.marker = tokenizer, script, marker
+        self.requests, self.outputs = [], []
+
+    def submit(self, requests) -> list[Future[Generation]]:
+        futures = []
+        for request in requests:
+            prompt = self.tokenizer.decode(request.prompt_ids, skip_special_tokens=False)
+            k = prompt.count(self.marker) - 1
+            ids = list(self.tokenizer.encode(self.script(k, prompt), add_special_tokens=False))[: request.max_tokens]
+            reason = FinishReason.STOP if ids[-1] in request.stop_token_ids else FinishReason.LENGTH
+            out = Generation(ids, [-0.01 * ((k + 1) * 7 + i) % 3.0 for i in range(len(ids))], reason)
+            self.requests.append(list(request.prompt_ids))
+            self.outputs.append(out)
+            futures.append(resolved(out))
+        return futures
+
+
+def rows_of(rollouts):
+    return [[(r.prompt_ids, r.completion_ids, r.logprobs, r.env_mask) for r in ro.rows] for ro in rollouts]
