@@ -32,6 +32,9 @@ MAX_BODY = 8 * 2**20
 def _require() -> None:
     try:
         import openai  # noqa: F401
+        import openai.lib._parsing  # noqa: F401  # imported lazily by a client's first call: racing threads break it
+        import openai.resources.chat.completions  # noqa: F401
+        import openai.types.chat  # noqa: F401
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as e:
