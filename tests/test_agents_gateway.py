@@ -3,7 +3,6 @@ raw ``httpx`` for malformed requests), driven by a scripted in-process generator
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import httpx
@@ -205,7 +204,7 @@ def test_many_episodes_batch_into_one_request_wave(qwen3):
         r = await client.chat.completions.create(model=run.model, messages=[{"role": "user", "content": run.task}])
         return float(r.choices[0].message.content == "ok")
 
-    rollouts, generator = run(qwen3, program, seeds=[f"task {i}" for i in range(16)], script=lambda k, p: "ok<|im_end|>")
+    seeds = [f"task {i}" for i in range(16)]
+    rollouts, generator = run(qwen3, program, seeds=seeds, script=lambda k, p: "ok<|im_end|>")
     assert all(r.reward == 1.0 for r in rollouts)
     assert len(generator.requests) == 16
-    asyncio.get_event_loop_policy()  # the programs' loops were their own
