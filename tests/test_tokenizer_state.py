@@ -67,11 +67,6 @@ def test_split_special_tokens_set_by_other_code_keeps_the_processors_special_tok
     assert text.render(ChatMLProcessor().append_user_input, "2 to go.") == expected_ids(WRAPPED)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="stop_token_ids (processors/base.py) encodes the stop strings with the tokenizer as it is, which splits "
-    "'<|im_end|>' into 6 tokens once split_special_tokens=True; outside EnvText",
-)
 def test_a_rollout_runs_with_split_special_tokens_on_the_tokenizer():
     tokenizer = qwen()
     tokenizer.split_special_tokens = True

@@ -80,7 +80,9 @@ def stop_token_ids(processor: object, tokenizer: object) -> tuple[int, ...]:
     """
     ids: list[int] = []
     for text in processor.stop_strings if isinstance(processor, StopStrings) else ():
-        encoded = tokenizer.encode(text, add_special_tokens=False)  # type: ignore[attr-defined]  # any HF tokenizer
+        # split_special_tokens=False: a stop string is read as the model's token whatever state other code left
+        # the tokenizer in (tokenizer.split_special_tokens=True would split '<|im_end|>' into 6 plain tokens)
+        encoded = tokenizer.encode(text, add_special_tokens=False, split_special_tokens=False)  # type: ignore[attr-defined]  # any HF tokenizer
         if len(encoded) != 1:
             raise ConfigError(
                 f"{type(processor).__name__}.stop_strings has {text!r}, which the tokenizer splits into "
