@@ -38,6 +38,9 @@ __all__ = ["COALESCE_S", "Budgets", "Ending", "History", "Rollout", "Turn", "bat
 
 Call = Literal["open", "step", "close"]
 
+_WAKE: Future[Any] = Future()
+"""Put on the done queue when a call starts waiting on another episode: wakes the scheduler, matches no call."""
+
 
 def _name(obj: object) -> str:
     return str(getattr(obj, "__qualname__", type(obj).__name__))
@@ -146,8 +149,8 @@ class _Engine:
     _step_s: float = 0.0  # a running average of env step times (for coalesce_s="auto")
 
     def run(self, episodes: list[Episode], seeds: list[Seed | BaseException], env_workers: int) -> list[Rollout]:
-        self.workers = Workers(env_workers)
         self.done: queue.SimpleQueue[Future[Any]] = queue.SimpleQueue()  # every future lands here once, when done
+        self.workers = Workers(env_workers, on_wait=lambda: self.done.put(_WAKE))  # a call waits: re-plan the wave
         self.env_calls: dict[Future[Any], tuple[Episode, Call]] = {}
         self.closing = 0  # close calls among env_calls
         generations: dict[Future[Generation], Episode] = {}
@@ -192,8 +195,12 @@ class _Engine:
         return ep, kind
 
     def _episode_calls(self) -> bool:
-        """Whether an open or a step is under way (closes do not hold a wave back); O(1) per scheduler wake."""
-        return len(self.env_calls) > self.closing
+        """Whether an open or a step is under way; O(1) per scheduler wake.
+
+        Closes do not hold a wave back, nor do calls waiting on another episode (a seat waiting for its turn waits
+        for this very wave).
+        """
+        return len(self.env_calls) > self.closing + self.workers.waiting_calls()
 
     def _hold(self, ready_since: float, generating: bool) -> float:
         """How much longer the ready turns wait for others (<= 0: send them now).

@@ -1,0 +1,96 @@
+"""``play_seats``: games of several seats as seat episodes of one ``batch_rollout`` (docs/selfplay.md).
+
+Every seat the policy plays is an episode of the one engine (``batch_rollout``), with its own conversation and rows;
+the seat episodes of a game share a ``trl_env.seats.Match``. This module builds the matches, runs the engine and
+applies the game rules afterwards: every seat's rollout says its game and seat, and a game in which one seat's episode
+failed is failed for every seat (out of every statistic), with the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from trl_env.env import Seed
+from trl_env.errors import ConfigError
+from trl_env.rollout.engine import batch_rollout
+from trl_env.rollout.records import Ending, Rollout
+from trl_env.seats import Match, SeatEnv, Seating
+
+__all__ = ["play_seats"]
+
+
+def play_seats(
+    seeds: Sequence[Seed | BaseException],
+    seating: Seating,
+    processor: Any,
+    tokenizer: Any,
+    generator: Any,
+    *,
+    on_episode_end: Callable[[int], None] | None = None,
+    **options: Any,
+) -> list[Rollout]:
+    """Play one game per ``len(seating.policy_seats)`` consecutive seeds; return one rollout per seed, in order.
+
+    Seeds ``k*i .. k*i + k - 1`` (``k`` policy seats) are game ``i``, played from their seed (they must be equal:
+    TRL's ``num_generations`` copies of a prompt, ``num_generations`` a multiple of ``k``); seed ``k*i + j`` is the
+    episode of policy seat ``seating.policy_seats[j]``. Each rollout's ``info`` holds ``"seat"`` and ``"game"`` (the
+    game's index in this call). Options are ``batch_rollout``'s.
+
+    Raises:
+        ConfigError: for a seed count that is not a multiple of ``k``, or a game whose seeds differ.
+    """
+    seats = seating.policy_seats
+    k = len(seats)
+    if len(seeds) % k:
+        raise ConfigError(
+            f"{len(seeds)} seeds for games of {k} policy seats: give a multiple of {k} (with GRPO, make "
+            f"num_generations a multiple of {k}: each game takes {k} copies of its prompt)."
+        )
+    games = [list(seeds[g : g + k]) for g in range(0, len(seeds), k)]
+    for g, copies in enumerate(games):
+        texts = {str(s) for s in copies if not isinstance(s, BaseException)}
+        if len(texts) > 1:
+            raise ConfigError(
+                f"game {g} got the seeds {sorted(texts)!r:.120}: the {k} seat episodes of a game play one seed; with "
+                f"GRPO make num_generations a multiple of {k} so each game gets copies of one prompt."
+            )
+    matches = [Match(seating, next((str(s) for s in c if not isinstance(s, BaseException)), "")) for c in games]
+
+    def table(key: str) -> tuple[Match, int]:
+        index = int(key)
+        return matches[index // k], seats[index % k]
+
+    def ended(index: int) -> None:
+        matches[index // k].leave(seats[index % k])
+        if on_episode_end is not None:
+            on_episode_end(index)
+
+    keys: list[Seed | BaseException] = [s if isinstance(s, BaseException) else str(i) for i, s in enumerate(seeds)]
+    try:
+        rollouts = batch_rollout(
+            keys, functools.partial(SeatEnv, table), processor, tokenizer, generator, on_episode_end=ended, **options
+        )
+    finally:  # strict mode raised: wake every seat still waiting for its turn
+        for match in matches:
+            match.leave(-1)
+    return [r for g, match in enumerate(matches) for r in _settle(rollouts[g * k : g * k + k], match, seats, g)]
+
+
+def _settle(rollouts: list[Rollout], match: Match, seats: Sequence[int], game: int) -> list[Rollout]:
+    """The seat rollouts of one game: seed, seat and game recorded; all failed when one seat's episode failed."""
+    failed = next(((s, r) for s, r in zip(seats, rollouts, strict=True) if r.ending is Ending.ERROR), None)
+    out = []
+    for seat, r in zip(seats, rollouts, strict=True):
+        info = {**r.info, "seat": seat, "game": game}
+        r = dataclasses.replace(r, seed=match.seed, info=info)
+        if failed is not None and r.ending is not Ending.ERROR:
+            culprit, cause = failed
+            first = cause.error.split("\n", 1)[0]
+            info.update(seat_failed=culprit, error_kind=cause.info.get("error_kind", "env_exception"))
+            r = dataclasses.replace(r, ending=Ending.ERROR, reward=None,
+                                    error=f"seat {culprit} of this game failed: {first}")  # fmt: skip
+        out.append(r)
+    return out

@@ -1,0 +1,186 @@
+"""Games of several seats (trl_env.seats, trl_env.rollout.seated): each policy seat its own token-exact episode, turns
+handed between seats without deadlock on any backend, and one seat's failure failing the whole game."""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+
+import pytest
+from helpers import ReplyGenerator, ScriptedGenerator, assert_token_exact
+
+from trl_env import Budgets, ChatMLProcessor, ConfigError, Ending
+from trl_env.backends.base import Generation
+from trl_env.rollout.seated import play_seats
+from trl_env.seats import POLICY, SeatedEnv, Seating
+
+
+class SecretNim:
+    """Take 1 or 2 from a pile; whoever takes the last one wins. Each seat holds a card only it may see."""
+
+    seats = 2
+
+    def __init__(self, hang_at: int | None = None) -> None:
+        self.hang_at = hang_at
+
+    def reset(self, seed):
+        self.pile, self.seat, self.alive, self.rewards = int(seed), 0, True, [0.0, 0.0]
+        self.cards = [f"card-{seed}-A", f"card-{seed}-B"]
+        return self, self._observation("")
+
+    def step(self, action):
+        if self.hang_at is not None and self.pile == self.hang_at:
+            time.sleep(5)
+        taken = 2 if action.strip().startswith("2") else 1
+        self.pile -= taken
+        if self.pile <= 0:
+            self.alive = False
+            self.rewards = [1.0, -1.0] if self.seat == 0 else [-1.0, 1.0]
+            return self, f"Player {self.seat} took the last one."
+        self.seat = 1 - self.seat
+        return self, self._observation(f"Opponent took {taken}. ")
+
+    def _observation(self, lead: str) -> str:
+        return f"{lead}Pile: {self.pile}. Your card: {self.cards[self.seat]}. Take 1 or 2."
+
+
+def take(n: str):
+    return lambda prompt: f"{n}<|im_end|>"
+
+
+def play(seeds, seating, tokenizer, generator, **options):
+    options.setdefault("budgets", Budgets(max_turns=8, max_new_tokens=4))
+    return play_seats(seeds, seating, ChatMLProcessor(), tokenizer, generator, **options)
+
+
+SELF_PLAY = Seating(SecretNim, (POLICY, POLICY))
+
+
+def test_each_seat_is_its_own_token_exact_episode_that_sees_only_its_own_card(tokenizer):
+    generator = ReplyGenerator(tokenizer, take("1"))
+    seat0, seat1 = play(["5", "5"], SELF_PLAY, tokenizer, generator)
+    assert_token_exact([seat0, seat1], generator.requests, generator.outputs)
+    assert (seat0.info["seat"], seat1.info["seat"]) == (0, 1) and seat0.seed == seat1.seed == "5"
+    assert (seat0.reward, seat1.reward) == (1.0, -1.0)  # 5 -> 4 -> 3 -> 2 -> 1 -> 0: seat 0 takes the last one
+    assert (len(seat0.turns), len(seat1.turns)) == (3, 2) and seat0.ending is seat1.ending is Ending.ENV_DONE
+    text0 = tokenizer.decode(seat0.prompt_ids + seat0.completion_ids)
+    text1 = tokenizer.decode(seat1.prompt_ids + seat1.completion_ids)
+    assert "card-5-A" in text0 and "card-5-B" not in text0
+    assert "card-5-B" in text1 and "card-5-A" not in text1 and "Opponent took 1. Pile: 4." in text1
+
+
+def test_many_games_on_two_workers_with_a_wave_backend_do_not_deadlock(tokenizer):
+    """Waiting seats leave the pool and the wave: 40 games x 2 seats on 2 worker threads, all played to the end."""
+    seeds = [str(3 + g % 5) for g in range(40) for _ in range(2)]
+    generator = ReplyGenerator(tokenizer, take("1"))
+    rollouts = play(seeds, SELF_PLAY, tokenizer, generator, env_workers=2, env_timeout=None)
+    assert all(r.ending is Ending.ENV_DONE for r in rollouts), {r.error for r in rollouts}
+    assert_token_exact(rollouts, generator.requests, generator.outputs)
+    for g in range(40):  # with takes of 1, the seat that moves on odd piles wins
+        pile = 3 + g % 5
+        assert [r.reward for r in rollouts[2 * g : 2 * g + 2]] == ([1.0, -1.0] if pile % 2 else [-1.0, 1.0])
+
+
+def test_a_continuous_backend_and_random_replies_are_token_exact(tokenizer):
+    stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    generator = ScriptedGenerator(range(5, 60), stop, continuous=True, p_stop=0.5)
+    rollouts = play([str(4 + g % 3) for g in range(12) for _ in range(2)], SELF_PLAY, tokenizer, generator)
+    assert_token_exact(rollouts, generator.requests, generator.outputs)
+    assert all(r.ending is not Ending.ERROR for r in rollouts), {r.error for r in rollouts}
+
+
+def test_a_fixed_seat_plays_inside_the_policy_seat_step_and_has_no_episode(tokenizer):
+    seating = Seating(SecretNim, (functools.partial(lambda obs: "2"), POLICY))
+    generator = ReplyGenerator(tokenizer, take("1"))
+    [policy] = play(["4"], seating, tokenizer, generator)
+    # seat 0 (fixed) takes 2 -> 2, seat 1 takes 1 -> 1, seat 0 takes 2 -> wins
+    assert policy.info["seat"] == 1 and policy.reward == -1.0 and len(policy.turns) == 1
+    assert "Opponent took 2. Pile: 2. Your card: card-4-B" in tokenizer.decode(policy.prompt_ids)
+
+
+def test_waiting_for_the_other_seat_is_not_timed_by_env_timeout(tokenizer):
+    class Slow(ReplyGenerator):
+        def submit(self, requests):
+            time.sleep(0.15)
+            return super().submit(requests)
+
+    rollouts = play(["9", "9"], SELF_PLAY, tokenizer, Slow(tokenizer, take("1")), env_timeout=0.5,
+                    budgets=Budgets(max_turns=8, max_new_tokens=4))  # fmt: skip
+    assert [r.ending for r in rollouts] == [Ending.ENV_DONE] * 2, [r.error for r in rollouts]
+
+
+class FailingFor(ReplyGenerator):
+    """Fails every request whose prompt shows the given card: one seat's generation fails."""
+
+    def __init__(self, tokenizer, card) -> None:
+        super().__init__(tokenizer, take("1"))
+        self.card = card
+
+    def submit(self, requests):
+        from concurrent.futures import Future
+
+        out = super().submit(requests)
+        for i, r in enumerate(requests):
+            if self.card in self.tokenizer.decode(r.prompt_ids):
+                failed: Future[Generation] = Future()
+                failed.set_exception(RuntimeError("server down for this seat"))
+                out[i] = failed
+        return out
+
+
+def test_one_seat_failing_fails_the_game_for_every_seat_with_the_reason(tokenizer):
+    seeds = ["5", "5", "6", "6"]
+    rollouts = play(seeds, SELF_PLAY, tokenizer, FailingFor(tokenizer, "card-5-B"))
+    game0, game1 = rollouts[:2], rollouts[2:]
+    assert all(r.ending is Ending.ERROR and r.reward is None for r in game0)
+    assert all(r.info["error_kind"] == "server_error" for r in game0)
+    assert game0[0].info["seat_failed"] == 1 and "seat 1 of this game failed" in game0[0].error
+    assert "server down" in game0[1].error
+    assert [r.ending for r in game1] == [Ending.ENV_DONE] * 2  # the other game is untouched
+
+
+def test_a_hung_game_times_out_and_fails_both_seats(tokenizer):
+    seating = Seating(functools.partial(SecretNim, hang_at=4), (POLICY, POLICY))
+    rollouts = play(["5", "5"], seating, tokenizer, ReplyGenerator(tokenizer, take("1")), env_timeout=0.5)
+    assert [r.ending for r in rollouts] == [Ending.ERROR] * 2
+    assert [r.info["error_kind"] for r in rollouts] == ["env_timeout"] * 2
+
+
+def test_a_seat_cut_by_max_turns_ends_the_game_for_both_scored_as_truncated(tokenizer):
+    seating = Seating(SecretNim, (POLICY, POLICY), truncated_reward=-0.5)
+    rollouts = play(["20", "20"], seating, tokenizer, ReplyGenerator(tokenizer, take("1")),
+                    budgets=Budgets(max_turns=2, max_new_tokens=4))  # fmt: skip
+    assert [r.ending for r in rollouts] == [Ending.MAX_TURNS, Ending.ENV_DONE]
+    assert [r.reward for r in rollouts] == [-0.5, -0.5]
+    assert "cut by trl-env (max_turns) at seat 0" in rollouts[0].info["env"]["reason"]
+    assert "seat 0's episode ended" in rollouts[1].info["env"]["reason"]
+
+
+def test_a_game_that_raises_fails_both_seats(tokenizer):
+    class Broken(SecretNim):
+        def step(self, action):
+            raise ValueError("rules bug")
+
+    rollouts = play(["5", "5"], Seating(Broken, (POLICY, POLICY)), tokenizer, ReplyGenerator(tokenizer, take("1")))
+    assert [r.info["error_kind"] for r in rollouts] == ["env_exception"] * 2
+    assert "rules bug" in rollouts[0].error
+
+
+def test_bad_seatings_and_seeds_fail_early_with_the_fix(tokenizer):
+    with pytest.raises(ConfigError, match="at least one 'policy'"):
+        Seating(SecretNim, (take("1"), take("1")))
+    with pytest.raises(ConfigError, match="one player per seat"):
+        Seating(SecretNim, (POLICY,))
+    generator = ReplyGenerator(tokenizer, take("1"))
+    with pytest.raises(ConfigError, match="multiple of 2"):
+        play(["5", "5", "5"], SELF_PLAY, tokenizer, generator)
+    with pytest.raises(ConfigError, match="copies of one prompt"):
+        play(["5", "6"], SELF_PLAY, tokenizer, generator)
+
+
+def test_the_protocol_is_runtime_checkable():
+    assert isinstance(SecretNim(), SeatedEnv) is False  # attributes appear at reset
+    env, _ = SecretNim().reset("3")
+    assert isinstance(env, SeatedEnv)
+    assert threading.active_count() < 200
