@@ -19,6 +19,8 @@ class PromptReplyGenerator:
     context_limit = None
 
     def __init__(self, tokenizer, script, *, marker="<|im_start|>assistant"):
+        """``marker``: text the template writes once per assistant turn (and for the generation prompt), or a
+        function of the prompt giving k."""
         self.tokenizer, self.script, self.marker = tokenizer, script, marker
         self.requests, self.outputs = [], []
 
@@ -26,10 +28,10 @@ class PromptReplyGenerator:
         futures = []
         for request in requests:
             prompt = self.tokenizer.decode(request.prompt_ids, skip_special_tokens=False)
-            k = prompt.count(self.marker) - 1
+            k = self.marker(prompt) if callable(self.marker) else prompt.count(self.marker) - 1
             ids = list(self.tokenizer.encode(self.script(k, prompt), add_special_tokens=False))[: request.max_tokens]
             reason = FinishReason.STOP if ids[-1] in request.stop_token_ids else FinishReason.LENGTH
-            out = Generation(ids, [-0.01 * ((k + 1) * 7 + i) % 3.0 for i in range(len(ids))], reason)
+            out = Generation(ids, [-((0.01 * ((k + 1) * 7 + i)) % 3.0) for i in range(len(ids))], reason)
             self.requests.append(list(request.prompt_ids))
             self.outputs.append(out)
             futures.append(resolved(out))
