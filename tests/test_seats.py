@@ -184,3 +184,18 @@ def test_the_protocol_is_runtime_checkable():
     env, _ = SecretNim().reset("3")
     assert isinstance(env, SeatedEnv)
     assert threading.active_count() < 200
+
+
+def test_a_processor_error_at_a_seats_first_turn_fails_the_game(tokenizer):
+    """Seat 1's opening fails before the engine holds its env (no close to call): the game still ends for seat 0."""
+
+    class Picky(ChatMLProcessor):
+        def init_system_input(self, text):
+            if "card-5-B" in text:
+                raise KeyError("no template for this card")
+            return super().init_system_input(text)
+
+    rollouts = play_seats(["5", "5"], SELF_PLAY, Picky(), tokenizer, ReplyGenerator(tokenizer, take("1")),
+                          budgets=Budgets(max_turns=8, max_new_tokens=4), env_timeout=5.0)  # fmt: skip
+    assert [r.info["error_kind"] for r in rollouts] == ["processor_error"] * 2
+    assert rollouts[0].info["seat_failed"] == 1 and rollouts[0].reward is None

@@ -28,6 +28,7 @@ __all__ = [
     "EpisodeCredit",
     "GiGPO",
     "NaivePerTurnIndex",
+    "PerRole",
     "credit_estimator",
     "credit_metrics",
     "estimate",
@@ -212,6 +213,40 @@ class GiGPO:
         return out, formed
 
 
+@dataclass(frozen=True)
+class PerRole:
+    """``credit="per_role"``: another estimator applied to each role's episodes of a group apart (games with seats).
+
+    Role-conditioned advantage estimation (SPIRAL, Liu et al., 2025) with per-role group normalisation: a seat's
+    return is compared with the returns of the *same seat* in the group's other games (one seed, so one game, played
+    ``num_generations / seats`` times), never with its opponent's. In a zero-sum game the seats' returns cancel
+    within a game, so a baseline over both seats of one game would be the constant 0 (no variance reduction), and an
+    episode's advantage taken from the game's summed return would be 0 (no signal at all); per role, each seat keeps
+    its own signal and a first-mover edge is not credited to the moves. ``inner`` is any estimator (default
+    ``EpisodeAdvantage(scale_rewards)``); turn-level ones (``"discounted"``, ``"gigpo"``) compose the same way.
+    Episodes without a role (one-seat envs) form one role of their own. Each role needs two scored episodes in a
+    group for a non-zero advantage: ``num_generations`` of at least twice the policy seats.
+    """
+
+    inner: CreditEstimator | None = None
+    scale_rewards: Scale = "group"
+
+    def __post_init__(self) -> None:
+        _check(1.0, self.scale_rewards)
+
+    def __call__(self, group: Sequence[EpisodeCredit]) -> Advantages:
+        """Per episode, one advantage per turn; ``None`` for a failed episode."""
+        inner = self.inner if self.inner is not None else EpisodeAdvantage(self.scale_rewards)
+        members: defaultdict[int | None, list[int]] = defaultdict(list)
+        for i, e in enumerate(group):
+            members[e.role].append(i)
+        out: Advantages = [None] * len(group)
+        for indices in members.values():
+            for i, a in zip(indices, estimate(inner, [group[i] for i in indices]), strict=True):
+                out[i] = a
+        return out
+
+
 def estimate(estimator: CreditEstimator, credits: Sequence[EpisodeCredit]) -> list[list[float] | None]:
     """The estimator's per-turn advantages for one group, checked: one list per episode, one value per turn.
 
@@ -246,6 +281,7 @@ CREDIT_ESTIMATORS: dict[str, Callable[..., CreditEstimator]] = {
     "discounted": DiscountedReturns,
     "per_turn_index": NaivePerTurnIndex,
     "gigpo": GiGPO,
+    "per_role": PerRole,
 }
 """``credit=`` names and the estimator each builds (keyword arguments go to it)."""
 

@@ -34,6 +34,9 @@ class EpisodeCredit:
     """Per turn: a key for the state the turn acted on (GiGPO groups turns by it); the observation text by default."""
     failed: bool = False
     """The episode failed or earned no reward: out of every statistic, and its advantages are ``None``."""
+    role: int | None = None
+    """The seat the episode played in a game of several seats (``Rollout.info["seat"]``); ``None`` for one-seat envs.
+    ``trl_env.credit.PerRole`` groups episodes by it."""
 
     def __post_init__(self) -> None:
         if len(self.anchors) != len(self.turn_rewards):
@@ -57,7 +60,7 @@ class EpisodeCredit:
         account for goes to the last turn, so the turn rewards always sum to ``total``: the env's reward settled by
         ``truncate``, and the scores of reward functions that judge the whole episode, are earned at its end.
         ``total`` defaults to ``Rollout.reward``; ``None`` (or a NaN) makes the episode ``failed``, as does an
-        ``Ending.ERROR`` or an episode without a turn.
+        ``Ending.ERROR`` or an episode without a turn. ``role`` is the rollout's seat (``info["seat"]``), if any.
 
         The anchor of turn t is ``Turn.anchor`` (the env's ``info["anchor"]``) where the env gives one, else the
         observation it acted on: ``turns[t - 1].delta``, and for turn 0 the episode's first prompt (its token ids,
@@ -76,7 +79,9 @@ class EpisodeCredit:
             first = rollout.rows[0].prompt_ids if rollout.rows else rollout.prompt_ids
             observed = [f"prompt:{hash(tuple(first)):x}"] + [t.delta or "" for t in rollout.turns]
             anchors = [t.anchor if t.anchor is not None else o for t, o in zip(rollout.turns, observed, strict=False)]
-        return cls(turn_rewards=rewards, anchors=list(anchors), failed=failed)
+        seat = rollout.info.get("seat")
+        role = seat if isinstance(seat, int) else None
+        return cls(turn_rewards=rewards, anchors=list(anchors), failed=failed, role=role)
 
     @property
     def total(self) -> float:
