@@ -1,0 +1,129 @@
+"""Level 3: an unmodified agent program, written with the ``openai`` SDK and a tool, trained through the gateway.
+
+The agent below is ordinary OpenAI-client code: it sends the task with a ``multiply`` tool, runs the calls the model
+makes, sends the results back and returns 1.0 when the final answer is right. trl-env runs it once per episode
+(``agent_env_factory``): every model call it makes is a turn, rendered with the model's chat template
+(``history="deployed"``) and trained token-exactly with ``EpisodeGRPOTrainer``. See docs/agents.md.
+
+The offline models (SmolLM2, the tiny test model) have a ChatML template without tools; their tokenizer gets TRL's
+Qwen 2.5 template, which writes the same ChatML tokens and adds the tool layout.
+
+Hardware: a CPU (2 cores). Run:
+    python experiment/examples/agent_tools.py --model tiny --steps 2    # smoke run, about a minute
+    python experiment/examples/agent_tools.py                          # SmolLM2-135M-Instruct, offline
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # experiment/
+
+from trl_env.agents import AgentRun, agent_env_factory  # noqa: E402
+
+MAX_CALLS = 3
+SYSTEM_PROMPT = "Use the multiply tool, then reply with the number only."
+
+
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers.
+
+    Args:
+        a: the first number
+        b: the second number
+    """
+    return a * b
+
+
+def task(seed: str) -> tuple[int, int]:
+    rng = random.Random(seed)
+    return rng.randint(2, 20), rng.randint(2, 20)
+
+
+def agent(run: AgentRun) -> float:
+    """The agent program: plain openai-SDK code with a tool loop."""
+    from transformers.utils import get_json_schema
+
+    a, b = task(run.seed)
+    client = run.openai(max_retries=0)
+    messages: list[Any] = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": f"{a} * {b}?"}]
+    tools = [get_json_schema(multiply)]
+    for _ in range(MAX_CALLS):
+        reply = client.chat.completions.create(model=run.model, messages=messages, tools=tools).choices[0]
+        messages.append(reply.message.model_dump(exclude_none=True))
+        if not reply.message.tool_calls:
+            return float((reply.message.content or "").strip() == str(a * b))
+        for call in reply.message.tool_calls:
+            try:
+                result = str(multiply(**json.loads(call.function.arguments)))
+            except (TypeError, ValueError) as e:
+                result = f"Error: {e}"
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+        if reply.finish_reason == "length":
+            return 0.0
+    return 0.0
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    import torch
+    from datasets import Dataset
+    from models import load_model_and_tokenizer  # experiment/models.py: offline SmolLM2, tiny model, any path
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig
+
+    from trl_env import env_reward, make_rollout_func
+    from trl_env.integrations.episode_trainer import EpisodeGRPOTrainer
+    from trl_env.processors import from_tokenizer
+    from trl_env.testing.templates import trl_templates
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2", help="'smollm2' (offline default), 'tiny', or a path/hub id")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="outputs/agent_tools")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    model, tokenizer = load_model_and_tokenizer(args.model, AutoModelForCausalLM, AutoTokenizer)
+    tokenizer.chat_template = trl_templates()["qwen2_5"]  # ChatML with the tool layout
+    os.makedirs(args.out, exist_ok=True)
+    func = make_rollout_func(
+        agent_env_factory(agent),
+        from_tokenizer(tokenizer),
+        history="deployed",
+        max_turns=MAX_CALLS + 1,
+        max_new_tokens=16 if args.model == "tiny" else 48,
+        env_timeout=120,
+    )
+    config = GRPOConfig(
+        output_dir=args.out, max_steps=args.steps, per_device_train_batch_size=8, num_generations=4,
+        max_completion_length=256, learning_rate=1e-3 if args.model == "tiny" else 3e-5, temperature=1.0, beta=0.0,
+        logging_steps=1, report_to=[], save_strategy="no", seed=args.seed, data_seed=args.seed, use_cpu=True,
+    )  # fmt: skip
+    trainer = EpisodeGRPOTrainer(
+        model=model,
+        reward_funcs=env_reward,
+        args=config,
+        train_dataset=Dataset.from_dict({"prompt": [f"mul-{i}" for i in range(1000)]}),
+        processing_class=tokenizer,
+        rollout_func=func,
+    )
+    started = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - started
+    rewards = [h["reward"] for h in trainer.state.log_history if h.get("reward") is not None]
+    k = max(1, len(rewards) // 4)
+    summary = {"first_mean": sum(rewards[:k]) / k, "last_mean": sum(rewards[-k:]) / k, "wall_s": wall}
+    print(f"[agent_tools] reward per step: {[round(r, 3) for r in rewards]}; {summary}")
+    with open(os.path.join(args.out, f"rewards_seed{args.seed}.json"), "w") as f:
+        json.dump({"rewards": rewards, **summary}, f)
+    return summary
+
+
+if __name__ == "__main__":
+    main()
