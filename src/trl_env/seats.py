@@ -30,7 +30,8 @@ class SeatedEnv(Protocol):
     (``seat`` after the call): everything that seat has not seen yet and may see, nothing hidden from it. ``rewards``
     holds one reward per seat (read after each call; the values after the last call are the seats' returns) and
     ``alive`` says whether the game goes on. When the game ends, the observation returned is the closing text every
-    seat may see. Like an ``Env``, it may keep an ``info`` dict and have ``close()``. One thread calls it at a time.
+    seat may see. Like an ``Env``, it may keep an ``info`` dict (its key ``"seats"``, a list of one dict per seat,
+    is split: each seat's rollout gets only its own) and have ``close()``. One thread calls it at a time.
 
     Example::
 
@@ -222,7 +223,11 @@ class Match:
             return self._view(seat)
 
     def _view(self, seat: int) -> View:
-        info = {**self.info, "seat": seat}
+        info = {k: v for k, v in self.info.items() if k != "seats"}
+        own = self.info.get("seats")
+        if isinstance(own, list) and len(own) == len(self.seating.players) and isinstance(own[seat], dict):
+            info.update(own[seat])
+        info["seat"] = seat
         if self.reason:
             info["reason"] = self.reason
         if self.over:
