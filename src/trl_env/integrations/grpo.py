@@ -35,7 +35,9 @@ from trl_env.integrations.trl_internals import TESTED_TRL_RANGE, reward_signatur
 from trl_env.isolation import isolated
 from trl_env.processors.base import Processor, check_processor
 from trl_env.rollout import Ending, History, Rollout, batch_rollout
+from trl_env.rollout.seated import play_seats
 from trl_env.rollout.transcripts import write_transcripts
+from trl_env.seats import Seating
 from trl_env.tools.additivity import RolloutCheck
 
 MIN_TRL = "1.16.0"
@@ -121,7 +123,7 @@ def _seed_or_error(prompt: object) -> Seed | BaseException:
 
 
 def make_rollout_func(
-    env_factory: Callable[[], Env],
+    env_factory: Callable[[], Env] | Seating,
     processor: Processor,
     *,
     system_prompt: str | None = None,
@@ -140,7 +142,9 @@ def make_rollout_func(
     or as their flat keywords: ``make_rollout_func(Env, processor, max_turns=4, env_timeout=60)``.
 
     Args:
-        env_factory: builds a fresh env; called once per episode.
+        env_factory: builds a fresh env; called once per episode. A ``trl_env.seats.Seating`` plays a game of several
+            seats instead (docs/selfplay.md): every ``k`` consecutive prompts (``k`` seats the policy plays; make
+            ``num_generations`` a multiple of ``k``) are one game, each prompt one seat's episode.
         processor: chat formatting for the model family (e.g. ``ChatMLProcessor()``).
         system_prompt: replaces the processor's ``system_prompt`` field.
         limits: ``Limits``: ``max_turns`` (8), ``max_new_tokens``, ``max_completion_tokens`` (default:
@@ -170,7 +174,7 @@ def make_rollout_func(
         ConfigError, ProcessorError: for bad arguments, at once.
     """
     check_trl_version()
-    if not callable(env_factory):
+    if not callable(env_factory) and not isinstance(env_factory, Seating):
         raise ConfigError(
             f"env_factory={env_factory!r} is not callable; pass the env class or a function that returns a "
             "fresh env, e.g. `env_factory=MyEnv`, not `MyEnv()`."
@@ -182,6 +186,9 @@ def make_rollout_func(
     groups = {"limits": limits, "engine": engine, "backend": backend, "logging": logging}
     built = RolloutOptions.build(groups, options)
     if built.engine.env_executor == "process":
+        if isinstance(env_factory, Seating):
+            raise ConfigError("env_executor='process' with a Seating: a game's seats share one game object; use "
+                              "env_executor='thread' (the default), or isolate what your SeatedEnv calls.")  # fmt: skip
         env_factory = isolated(env_factory, pool_size=built.engine.env_workers, memory_mb=built.engine.env_memory_mb)
     return RolloutFunction(env_factory, processor, built, credit=credit)
 
@@ -203,7 +210,7 @@ class RolloutFunction:
 
     def __init__(
         self,
-        env_factory: Callable[[], Env],
+        env_factory: Callable[[], Env] | Seating,
         processor: Processor,
         options: RolloutOptions,
         *,
@@ -251,9 +258,10 @@ class RolloutFunction:
         trainer.mask_truncated_completions = False
         engine = self.options.engine
         with gen.session():  # e.g. wake a sleeping colocated vLLM
-            rollouts = batch_rollout(
+            run = play_seats if isinstance(self.env_factory, Seating) else batch_rollout
+            rollouts = run(
                 [_seed_or_error(p) for p in prompts],
-                self.env_factory,
+                self.env_factory,  # type: ignore[arg-type]  # a Seating goes to play_seats, an env factory to batch_rollout
                 self.processor,
                 tokenizer,
                 gen,

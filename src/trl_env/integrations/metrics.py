@@ -10,6 +10,7 @@ from trl_env.errors import ERROR_KINDS
 from trl_env.integrations.trl_internals import metric_lists
 from trl_env.processors.base import ParseStatus
 from trl_env.rollout.records import Ending, Rollout
+from trl_env.rollout.seated import seat_counts, seat_rates
 
 
 def log_metrics(trainer: Any, rollouts: Sequence[Rollout]) -> None:
@@ -45,6 +46,10 @@ def log_metrics(trainer: Any, rollouts: Sequence[Rollout]) -> None:
     for name in stats:  # "mean:<key>" for numbers, "rate:<key>" for flags; over the episodes that report the key
         values_of = [v for f in facts for n, v in _fact_stats(f).items() if n == name]
         sums[f"{name}/sum"], sums[f"{name}/n"] = sum(values_of), len(values_of)
+    seats = seat_counts(rollouts)  # games of several seats: per-seat sums (trl_env.rollout.seated)
+    seat_keys = _names_over_processes(trainer, sorted(seats))
+    for key in seat_keys:
+        sums[key] = seats.get(key, 0.0)
     sums["parsed"] = sum(t.parse_status is not None for t in turns)
     for status in ParseStatus:
         sums[f"parse_{status.value}"] = sum(t.parse_status == status.value for t in turns)
@@ -73,6 +78,8 @@ def log_metrics(trainer: Any, rollouts: Sequence[Rollout]) -> None:
     for name in stats:  # env-side facts (the env's optional ``info``): numbers averaged, flags as rates
         kind, _, key = name.partition(":")
         values[f"env/info/{key}_{kind}"] = total[f"{name}/sum"] / max(total[f"{name}/n"], 1.0)
+    for key, value in seat_rates({key: total[key] for key in seat_keys}).items():  # per role: env/seat{s}/...
+        values[f"env/{key}"] = value
     mode = "train" if trainer.model.training else "eval"
     for key, value in values.items():
         metrics[mode][key].append(value)

@@ -11,7 +11,9 @@ one loses the game. Rewards are TextArena's (win 1, loss -1, draw 0), known when
 
 from __future__ import annotations
 
+import hashlib
 import random
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -83,3 +85,18 @@ class TextArenaGame:
         reason = next((str(i["reason"]) for i in per_seat.values() if isinstance(i, Mapping) and "reason" in i), "")
         self.info = json_safe({"reason": reason, "seats": facts})
         return f"[GAME] {reason}".strip() if reason else "[GAME] The game is over."
+
+
+def random_move(observation: str) -> str:
+    """A fixed player for ``Seating``: one of the moves the observation's last list offers, drawn at random.
+
+    Reads TicTacToe's ``Available Moves: '[0]', '[4]'`` and Kuhn Poker's ``Your available actions are: '[check]', ..``
+    (the last such list). The draw depends only on the observation text (its SHA-256), so an evaluation replays
+    exactly; ``"[Deny]"`` where no list is found (SimpleNegotiation). The baseline opponent of docs/selfplay.md.
+    """
+    lists = re.findall(r"(?:Available Moves|available actions are): ((?:'\[[^\]]*\]'(?:, )?)+)", observation)
+    if not lists:
+        return "[Deny]"
+    moves = re.findall(r"'(\[[^\]]*\])'", lists[-1])
+    draw = int.from_bytes(hashlib.sha256(observation.encode("utf-8")).digest()[:8], "big")
+    return str(moves[draw % len(moves)])

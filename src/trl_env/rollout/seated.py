@@ -19,7 +19,7 @@ from trl_env.rollout.engine import batch_rollout
 from trl_env.rollout.records import Ending, Rollout
 from trl_env.seats import Match, SeatEnv, Seating
 
-__all__ = ["play_seats"]
+__all__ = ["play_seats", "seat_counts", "seat_rates"]
 
 
 def play_seats(
@@ -93,4 +93,62 @@ def _settle(rollouts: list[Rollout], match: Match, seats: Sequence[int], game: i
             r = dataclasses.replace(r, ending=Ending.ERROR, reward=None,
                                     error=f"seat {culprit} of this game failed: {first}")  # fmt: skip
         out.append(r)
+    return out
+
+
+_COUNTED = ("episodes", "errors", "scored", "reward", "win", "draw", "loss", "turns", "model_tokens", "invalid_move")
+
+
+def seat_counts(rollouts: Sequence[Rollout]) -> dict[str, float]:
+    """Per seat (``Rollout.info["seat"]``), the sums ``seat_rates`` turns into rates: ``"seat{s}/{name}"``.
+
+    ``scored`` episodes have a reward (not failed, at least one model turn); a win is a positive return, a loss a
+    negative one, a draw 0 (TextArena's 1 / -1 / 0). ``invalid_move`` counts episodes whose env info says so.
+    Rollouts without a seat are left out. Sums (not rates) so that processes can add them up first.
+    """
+    counts: dict[str, float] = {}
+    for r in rollouts:
+        seat = r.info.get("seat")
+        if not isinstance(seat, int):
+            continue
+        facts = r.info.get("env")
+        env = facts if isinstance(facts, dict) else {}
+        failed = r.ending is Ending.ERROR
+        reward = r.reward
+        values = {
+            "episodes": 1.0,
+            "errors": float(failed),
+            "scored": float(reward is not None),
+            "reward": reward or 0.0,
+            "win": float(reward is not None and reward > 0),
+            "draw": float(reward == 0.0),
+            "loss": float(reward is not None and reward < 0),
+            "turns": 0.0 if failed else float(len(r.turns)),
+            "model_tokens": 0.0 if failed else float(sum(sum(row.env_mask) for row in r.rows)),
+            "invalid_move": float(not failed and env.get("invalid_move") is True),
+        }
+        for name in _COUNTED:
+            counts[f"seat{seat}/{name}"] = counts.get(f"seat{seat}/{name}", 0.0) + values[name]
+    return counts
+
+
+def seat_rates(counts: dict[str, float]) -> dict[str, float]:
+    """``seat_counts``' sums as per-seat statistics, ``seat{s}/<name>``.
+
+    ``reward_mean``, ``win_rate``, ``draw_rate`` and ``loss_rate`` are over the seat's scored episodes (``scored``:
+    how many); ``turns_mean``, ``model_tokens_mean`` and ``invalid_move_rate`` over those that did not fail;
+    ``error_rate`` over all.
+    """
+    out: dict[str, float] = {}
+    for seat in sorted({key.split("/")[0] for key in counts}):
+        c = {name: counts.get(f"{seat}/{name}", 0.0) for name in _COUNTED}
+        scored, ok = max(c["scored"], 1.0), max(c["episodes"] - c["errors"], 1.0)
+        out[f"{seat}/scored"] = c["scored"]
+        out[f"{seat}/reward_mean"] = c["reward"] / scored
+        for name in ("win", "draw", "loss"):
+            out[f"{seat}/{name}_rate"] = c[name] / scored
+        out[f"{seat}/turns_mean"] = c["turns"] / ok
+        out[f"{seat}/model_tokens_mean"] = c["model_tokens"] / ok
+        out[f"{seat}/invalid_move_rate"] = c["invalid_move"] / ok
+        out[f"{seat}/error_rate"] = c["errors"] / max(c["episodes"], 1.0)
     return out

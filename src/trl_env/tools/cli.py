@@ -81,10 +81,15 @@ def evaluate_command(args: argparse.Namespace) -> int:
     """Run ``trl-env eval``; returns the exit status."""
     from trl_env.errors import ConfigError
     from trl_env.rollout.records import Budgets
-    from trl_env.tools.evaluate import evaluate, load_env_factory
+    from trl_env.tools.evaluate import evaluate, load_env_factory, seat_table
 
     try:
         env_factory = _with_kwargs(load_env_factory(args.env), args.env_kwargs)
+        if args.seats is not None:  # --env builds a SeatedEnv; every seat is 'policy' or a fixed player's spec
+            from trl_env.seats import POLICY, Seating
+
+            players = [POLICY if p == POLICY else load_env_factory(p) for p in args.seats.split(",")]
+            env_factory = Seating(env_factory, tuple(players))  # type: ignore[arg-type]  # a SeatedEnv factory
         if args.executor == "process":
             from trl_env.isolation import isolated
 
@@ -103,12 +108,14 @@ def evaluate_command(args: argparse.Namespace) -> int:
     budgets = Budgets(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
                       max_completion_tokens=args.max_completion_tokens,
                       max_context=generator.context_limit)  # fmt: skip
-    summary, _ = evaluate(seeds, env_factory, processor, tokenizer, generator, budgets=budgets,
+    summary, rollouts = evaluate(seeds, env_factory, processor, tokenizer, generator, budgets=budgets,
                           parse_truncated_turns=args.parse_truncated_turns, out_dir=args.out,
                           success_threshold=args.success_threshold, env_workers=args.env_workers,
                           env_timeout=args.env_timeout, history=args.history,
                           template_kwargs=template_kwargs)  # fmt: skip
     print(summary.table())
+    if seat_table(rollouts):
+        print(f"\n{seat_table(rollouts)}")
     if args.out:
         print(f"transcripts: {args.out}/transcripts.jsonl, {args.out}/transcripts.md")
     return 0
@@ -242,6 +249,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--env", required=True, help="'module.path:EnvClass' or 'path/to/file.py:EnvClass'")
     e.add_argument(
         "--env-kwargs", default=None, help="JSON object of keyword arguments for the env, e.g. '{\"size\": 3}'"
+    )
+    e.add_argument(
+        "--seats",
+        default=None,
+        help="a game of several seats (--env builds a trl_env.seats.SeatedEnv): who plays each, comma-separated, "
+        "'policy' or a fixed player 'module:function', e.g. "
+        "'policy,trl_env.integrations.textarena_seats:random_move'; prints win/draw/loss per seat (docs/selfplay.md)",
     )
     e.add_argument("--processor", default="chatml", help="a registry name (trl_env.processors.PROCESSORS), or 'auto'")
     e.add_argument("--system-prompt", default=None)

@@ -19,7 +19,9 @@ from typing import Any
 from trl_env.env import Env
 from trl_env.errors import ConfigError
 from trl_env.rollout.records import Budgets, Ending, Rollout
+from trl_env.rollout.seated import seat_counts, seat_rates
 from trl_env.rollout.transcripts import write_transcripts
+from trl_env.seats import Seating
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,9 @@ def write_markdown(path: str | os.PathLike[str], rollouts: Sequence[Rollout], *,
     """A readable view of the first ``limit`` episodes: each turn's model text and the env's answer."""
     lines = ["# Transcripts", ""]
     for i, r in enumerate(rollouts[:limit]):
-        lines += [f"## Episode {i}: seed `{r.seed}`", "", f"ending **{r.ending.value}**, reward **{r.reward}**", ""]
+        seat = f", game {r.info['game']}, seat {r.info['seat']}" if "seat" in r.info else ""
+        lines += [f"## Episode {i}: seed `{r.seed}`{seat}", "", f"ending **{r.ending.value}**, reward **{r.reward}**",
+                  ""]  # fmt: skip
         for k, turn in enumerate(r.turns, 1):
             lines += [f"**turn {k} · model** ({turn.num_model_tokens} tokens, {turn.finish_reason.value})", "",
                       "```text", turn.text, "```", ""]  # fmt: skip
@@ -81,6 +85,18 @@ def write_markdown(path: str | os.PathLike[str], rollouts: Sequence[Rollout], *,
             lines += ["**error**", "", "```text", r.error.strip(), "```", ""]
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(lines))
+
+
+def seat_table(rollouts: Sequence[Rollout]) -> str:
+    """Per seat of a game (``trl_env.rollout.seated.seat_rates``): win, draw and loss rates, ...; "" without seats."""
+    rates = seat_rates(seat_counts(rollouts))
+    if not rates:
+        return ""
+    seats = sorted({key.split("/")[0] for key in rates})
+    names = [key.split("/")[1] for key in rates if key.startswith(seats[0] + "/")]
+    lines = ["| seat | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
+    lines += [f"| {s[4:]} | " + " | ".join(f"{rates[f'{s}/{n}']:.4g}" for n in names) + " |" for s in seats]
+    return "\n".join(lines)
 
 
 def load_env_factory(spec: str) -> Callable[[], Env]:
@@ -112,7 +128,7 @@ def load_env_factory(spec: str) -> Callable[[], Env]:
 
 def evaluate(
     seeds: Sequence[str],
-    env_factory: Callable[[], Env],
+    env_factory: Callable[[], Env] | Seating,
     processor: Any,
     tokenizer: Any,
     generator: Any,
@@ -130,17 +146,22 @@ def evaluate(
     """Run one episode per seed and summarise; with ``out_dir``, also write transcripts (JSONL and markdown).
 
     ``history``/``template_kwargs``: as ``batch_rollout``'s (``"deployed"``: each turn sampled from the chat
-    template's rendering, as the deployed model sees it; docs/history.md).
+    template's rendering, as the deployed model sees it; docs/history.md). A ``Seating`` plays one game per seed
+    (an episode per policy seat; ``seat_table`` summarises them per seat).
     """
     from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
     from trl_env.rollout import batch_rollout
+    from trl_env.rollout.seated import play_seats
 
+    if isinstance(env_factory, Seating):
+        seeds = [s for s in seeds for _ in env_factory.policy_seats]  # each game: one episode per policy seat
+    run = play_seats if isinstance(env_factory, Seating) else batch_rollout
     bar = tqdm(total=len(seeds), desc="episodes", disable=not progress)
     started = time.perf_counter()
     try:
-        rollouts = batch_rollout(
-            seeds, env_factory, processor, tokenizer, generator, budgets=budgets,
+        rollouts = run(
+            seeds, env_factory, processor, tokenizer, generator, budgets=budgets,  # type: ignore[arg-type]  # by type
             parse_truncated_turns=parse_truncated_turns, on_episode_end=lambda _: bar.update(1),
             env_workers=env_workers, env_timeout=env_timeout, history=history, template_kwargs=template_kwargs,
         )  # fmt: skip
@@ -155,5 +176,5 @@ def evaluate(
         write_transcripts(jsonl, rollouts, tokenizer=tokenizer, mode="eval")
         write_markdown(os.path.join(out_dir, "transcripts.md"), rollouts)
         with open(os.path.join(out_dir, "summary.md"), "w", encoding="utf-8") as f:
-            f.write(summary.table() + "\n")
+            f.write(summary.table() + "\n" + (f"\n{seat_table(rollouts)}\n" if seat_table(rollouts) else ""))
     return summary, rollouts
