@@ -40,3 +40,21 @@ class PromptReplyGenerator:
 
 def rows_of(rollouts):
     return [[(r.prompt_ids, r.completion_ids, r.logprobs, r.env_mask) for r in ro.rows] for ro in rollouts]
+
+
+def one_call_program(run):
+    """A module-level agent (it pickles): one call, reward 1.0 when the reply is "0"."""
+    reply = run.openai(max_retries=0).chat.completions.create(
+        model=run.model, messages=[{"role": "user", "content": f"task {run.task}"}]
+    )
+    return float(reply.choices[0].message.content == "0")
+
+
+def exiting_program(run):
+    """Kills its interpreter on seed "exit" after one call; else one_call_program."""
+    import os
+
+    if run.seed == "exit":
+        run.openai(max_retries=0).chat.completions.create(model=run.model, messages=[{"role": "user", "content": "x"}])
+        os._exit(3)
+    return one_call_program(run)

@@ -186,3 +186,18 @@ def test_the_gateway_listens_on_loopback_by_default():
     finally:
         g.shutdown()
     assert not g._thread.is_alive()  # noqa: SLF001  # closes cleanly
+
+
+def test_programs_in_worker_processes_a_program_that_kills_its_interpreter_fails_only_its_episode(tokenizer):
+    from agents_support import exiting_program
+
+    from trl_env.isolation import isolated
+
+    generator = PromptReplyGenerator(tokenizer, lambda k, p: f"{k}<|im_end|>")
+    factory = isolated(agent_env_factory(exiting_program), pool_size=2)
+    seeds = ["exit", "a", "b"]
+    rollouts = batch_rollout(seeds, factory, from_tokenizer(tokenizer), tokenizer, generator, history="deployed",
+                             env_timeout=60)  # fmt: skip
+    by = dict(zip(seeds, rollouts, strict=True))
+    assert by["exit"].ending is Ending.ERROR and by["exit"].reward is None
+    assert by["a"].reward == by["b"].reward == 1.0

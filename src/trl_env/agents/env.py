@@ -9,6 +9,7 @@ unchanged. Needs ``history="deployed"`` (each call's messages rendered by the ch
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import math
 import numbers
@@ -179,7 +180,6 @@ def agent_env_factory(program: AgentProgram, *, gateway: Gateway | None = None, 
 
     _require()
 
-    def factory() -> AgentEnv:
-        return AgentEnv(program, gateway=gateway, verify=verify, settle_s=settle_s)
-
-    return factory
+    # a partial of the class: it pickles (with a module-level program and the default gateway), so
+    # ``env_executor="process"`` / ``isolated(...)`` can run each program in a worker process of its own
+    return functools.partial(AgentEnv, program, gateway=gateway, verify=verify, settle_s=settle_s)

@@ -78,6 +78,16 @@ class Reply(str):
         self.prompt_tokens = prompt_tokens
         return self
 
+    def __reduce__(self) -> tuple[Any, ...]:  # keeps the reply across a process boundary (process executor)
+        fields = {"reasoning_field": self.reasoning_field, "finish_reason": self.finish_reason,
+                  "token_ids": self.token_ids, "logprobs": self.logprobs, "tokens": self.tokens,
+                  "prompt_tokens": self.prompt_tokens}  # fmt: skip
+        return (_reply, (str(self), self.message, fields))
+
+
+def _reply(action: str, message: Message, fields: dict[str, Any]) -> Reply:
+    return Reply(action, message, **fields)
+
 
 @dataclass
 class ChatHistories:
