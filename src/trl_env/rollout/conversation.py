@@ -35,13 +35,38 @@ class Conversation:
     plain: bool = False
     """No env text spells an added token (ids are the rendering tokenised whole, so ``cuts`` may be used)."""
     memo: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
-    """The episode's: its opening's renderings, and per shape of new messages, the tail rendering as pieces of
-    template text and message texts (``None``: render it every turn). Shared by all of the episode's conversations."""
+    """The episode's: its opening's renderings, and per shape of new messages, the tail rendering as a format string
+    (template text, a ``{k}`` slot per message text; ``None``: render it every turn). Shared by all of the episode's
+    conversations."""
 
     tools: tuple[Any, ...] = ()
     """The tools the conversation is rendered with when it is a chat request's (``chat``); else unused."""
     chat: bool = False
     """The messages are a chat request's, as an agent sent them (``rollout/chat.py``), not built turn by turn."""
+
+    @property
+    def reused(self) -> int:
+        """How many leading ids are the previous conversation's own, taken as they were (not re-tokenised).
+
+        They equal its ids by construction, so a comparison with that conversation's ids may start here.
+        """
+        return self.cuts[0][1] if self.cuts else 0
+
+    def extends(self, prompt_ids: list[int], completion_ids: list[int]) -> bool:
+        """Whether ``ids`` start with ``prompt_ids + completion_ids``.
+
+        Those are the row the previous conversation's ids began and the reply sampled from them, so its ``reused``
+        ids are known to match: the comparison starts there (O(new ids) per turn, not O(context)).
+        """
+        split, end = len(prompt_ids), len(prompt_ids) + len(completion_ids)
+        if len(self.ids) < end:
+            return False
+        known = min(self.reused, end)
+        if known < split and self.ids[known:split] != prompt_ids[known:]:
+            return False
+        start = max(known, split)
+        return self.ids[start:end] == completion_ids[start - split :]
+
 
 @dataclass
 class Incremental:
@@ -85,6 +110,8 @@ class Incremental:
         every turn, the full rendering must be the previous one without its generation prompt plus the tail
         rendering (the opening and the new messages, less the opening's rendering without the generation prompt).
         """
+        if self._appends is not None:  # every turn asks: no lock once decided
+            return self._appends
         with self._lock:
             if self._appends is None:
                 self._appends = self.allowed and self._probe()
@@ -124,20 +151,21 @@ class Incremental:
         prompt, previous = with_prompt[len(without) :], conversation.text
         if not with_prompt.startswith(without) or not previous.endswith(prompt):
             return None
-        values = [m[k] for m in new for k in sorted(m) if k != "role"]
-        shape = tuple((m["role"], tuple(sorted(m)), tuple(bool(m[k]) for k in sorted(m))) for m in new)
+        keys = [sorted(m) for m in new]
+        values = [m[k] for m, ks in zip(new, keys, strict=True) for k in ks if k != "role"]
+        shape = tuple((m["role"], *ks, *(bool(m[k]) for k in ks)) for m, ks in zip(new, keys, strict=True))
         if shape not in memo:
-            memo[shape] = self._pieces(opening, new, without)
-        pieces = memo[shape]
-        if pieces is None:
+            memo[shape] = self._layout(opening, new, without)
+        layout = memo[shape]  # the tail as a format string: template text, a {k} for each message text
+        if layout is None:
             rendered = self.render([*opening, *new], True)
             if not rendered.startswith(without):
                 return None
             return previous[: len(previous) - len(prompt)] + rendered[len(without) :]
-        return previous[: len(previous) - len(prompt)] + "".join(p if isinstance(p, str) else values[p] for p in pieces)
+        return previous[: len(previous) - len(prompt)] + layout.format(*values)
 
-    def _pieces(self, opening: list[Message], new: list[Message], without: str) -> list[str | int] | None:
-        """The tail rendering of ``new`` as template text and indices of its message texts.
+    def _layout(self, opening: list[Message], new: list[Message], without: str) -> str | None:
+        """The tail rendering of ``new`` as a format string: template text, a ``{k}`` slot for its ``k``-th text.
 
         Read off a rendering with a marker for each text; ``None`` unless it predicts the rendering of texts with edge
         whitespace too.
@@ -157,33 +185,36 @@ class Incremental:
         edges = [f"\n {j} x \n" if v else "" for j, v in enumerate(values)]
         actual = self.render([*opening, *filled(edges)], True)
         predicted = without + "".join(p if isinstance(p, str) else edges[p] for p in pieces)
-        return pieces if actual == predicted else None
+        if actual != predicted:
+            return None
+        return "".join(p.replace("{", "{{").replace("}", "}}") if isinstance(p, str) else f"{{{p}}}" for p in pieces)
 
     def plain(self, messages: list[Message]) -> bool:
         """Messages the probes stand for: system, user and assistant text; no tool calls, no added token anywhere."""
+        fields = {"role", "content", self.reasoning_field}
         for m in messages:
-            if m.get("role") not in _PLAIN_ROLES or set(m) - {"role", "content", self.reasoning_field}:
+            if m.get("role") not in _PLAIN_ROLES or not fields.issuperset(m):
                 return False
-            if any(
-                not isinstance(v, str) or (self.added and self.added.search(v)) for k, v in m.items() if k != "role"
-            ):
-                return False
+            for k, v in m.items():
+                if k != "role" and (not isinstance(v, str) or (self.added is not None and self.added.search(v))):
+                    return False
         return True
 
     def tokenise(
-        self, text: str, stable: int, previous: Conversation | None
+        self, text: str, stable: int, previous: Conversation | None, kept: int = 0
     ) -> tuple[list[int], tuple[tuple[int, int], ...]]:
         """The ids of ``text`` (no env text spelling an added token), and the cuts for the next turn.
 
-        Reuses ``previous``'s ids up to the last of its cuts that ``text`` extends verbatim. The cuts: where this
+        Reuses ``previous``'s ids up to the last of its cuts that ``text`` extends verbatim (known for the first
+        ``kept`` characters: a tail rendering keeps them). The cuts: where this
         turn's tokenisation started, and after the last clean added token in ``text[:stable]`` (what the next
         rendering keeps: not the generation prompt, which Qwen 3 without thinking rewrites).
         """
         chars, count = 0, 0
         if previous is not None and previous.plain:
-            chars, count = next(((c, k) for c, k in reversed(previous.cuts) if text.startswith(previous.text[:c])),
-                                (0, 0))  # fmt: skip
-        ids = previous.ids[:count] if previous is not None else []
+            chars, count = next(((c, k) for c, k in reversed(previous.cuts)
+                                 if c <= kept or text.startswith(previous.text[:c])), (0, 0))  # fmt: skip
+        ids = previous.ids[:count] if previous is not None else []  # the one copy of the kept ids
         cut = chars
         if self.added is not None:
             cut = next((m.end() for m in reversed(list(self.added.finditer(text, chars, stable)))
@@ -195,4 +226,6 @@ class Incremental:
             tail = self.encode(rest)
             if len(rest) < 256 and len(self._rests) < 64:
                 self._rests[rest] = tail
-        return [*ids, *head, *tail], ((chars, count), (cut, count + len(head)))
+        ids += head
+        ids += tail
+        return ids, ((chars, count), (cut, count + len(head)))

@@ -316,10 +316,9 @@ class _Engine:
         if stepped.messages is not None:
             ep.messages = stepped.messages
             if env_ids is not None:
-                context = ep.prompt_ids + ep.completion_ids
-                if env_ids[: len(context)] != context:  # the template rewrote the history: the turn opens a new row
-                    return self._new_row(ep, stepped, env_ids)
-                env_ids = env_ids[len(context) :]
+                if not stepped.messages.extends(ep.prompt_ids, ep.completion_ids):
+                    return self._new_row(ep, stepped, env_ids)  # the template rewrote the history: a new row
+                env_ids = env_ids[len(ep.prompt_ids) + len(ep.completion_ids) :]
         if env_ids is not None and ep.room(self.budgets, extra=len(env_ids)) < 1:
             ep.info["delta_too_long"] = len(env_ids)  # appending it would overshoot: stop before it
             ep.append_env(stepped, [])

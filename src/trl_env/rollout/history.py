@@ -108,7 +108,7 @@ class DeployedHistory:
             )
         return history
 
-    @property
+    @functools.cached_property
     def base(self) -> Processor:
         """The processor that renders text turns: a ``ToolProcessor``'s base, else the processor itself."""
         return self.processor.format.base if isinstance(self.processor, ToolProcessor) else self.processor
@@ -265,16 +265,18 @@ class DeployedHistory:
         plain = inc.allowed and inc.plain(new) and (previous is None or previous.plain)
         if not plain:
             return Conversation(messages, "", self.encode(messages), (), head, False, memo)
-        text = None
+        text, kept = None, 0
         if previous is not None and previous.text and inc.appends():
             text = inc.tail(previous, new)
+            if text is not None:  # it starts with previous.text less the generation prompt
+                kept = len(previous.text) - len(memo["opening"][0]) + len(memo["opening"][1])
         if text is None:
             text = _render(self.tokenizer, messages, self.render_kwargs)
         if previous is None and inc.appends():
             memo["opening"] = (text, inc.render(messages, False))
         opening = memo.get("opening")
         stable = len(text) - len(opening[0]) + len(opening[1]) if opening else len(text)
-        ids, cuts = inc.tokenise(text, stable, previous)
+        ids, cuts = inc.tokenise(text, stable, previous, kept)
         return Conversation(messages, text, ids, cuts, head, True, memo)
 
     def encode(self, messages: list[Message]) -> list[int]:
