@@ -211,10 +211,11 @@ def test_token_advantages_give_each_model_token_its_turns_advantage_row_by_row()
         token_advantages(done, [1.0])
     # history="deployed": two rows, turns 0-1 in the first (2+1 and 2+0 tokens), turn 2 alone in the second
     t = [turn(0.5, "o1"), turn(1.0, "o2", env=0), turn(2.0, "o3", env=0)]
-    rows = (Row([1], [5, 6, 7, 8, 9], [0.0] * 5, [1, 1, 0, 1, 1], 2), Row([1, 2], [10, 11], [0.0] * 2, [1, 1], 1))
+    rows = (Row.of_turns([1], [5, 6, 7, 8, 9], [0.0] * 5, [1, 1, 0, 1, 1], t[:2]),
+            Row.of_turns([1, 2], [10, 11], [0.0] * 2, [1, 1], t[2:], first=2))  # fmt: skip
     deployed = rollout(t, reward=2.0, rows=rows)
     assert token_advantages(deployed, [1.0, -1.0, 3.0]) == [[1.0, 1.0, 0.0, -1.0, -1.0], [3.0, 3.0]]
-    bad = rollout(t, reward=2.0, rows=(Row([1], [5], [0.0], [1], 3),))
+    bad = rollout(t, reward=2.0, rows=(Row.of_turns([1], [5], [0.0], [1], t),))
     with pytest.raises(ConfigError, match="tokens"):
         token_advantages(bad, [1.0, 2.0, 3.0])
 

@@ -14,7 +14,7 @@ from trl_env import make_rollout_func
 from trl_env.backends.base import FinishReason
 from trl_env.integrations.metrics import log_metrics
 from trl_env.processors import from_tokenizer
-from trl_env.rollout import Ending, Rollout, Row, Turn
+from trl_env.rollout import Ending, Rollout, Row, Span, Turn
 from trl_env.rollout.transcripts import write_transcripts
 
 
@@ -24,8 +24,8 @@ def turn(text: str) -> Turn:
 
 def two_row_rollout() -> Rollout:
     """A deployed episode: the second turn's context rewrote the first, so two rows; the own lists are the last."""
-    first = Row([1, 2], [10, 11, 3], [-0.1, -0.2, 0.0], [1, 1, 0], turns=1)
-    last = Row([1, 2, 4], [12, 13, 14], [-0.3, -0.4, -0.5], [1, 1, 1], turns=1)
+    first = Row.of_turns([1, 2], [10, 11, 3], [-0.1, -0.2, 0.0], [1, 1, 0], [turn("a")])
+    last = Row([1, 2, 4], [12, 13, 14], [-0.3, -0.4, -0.5], [1, 1, 1], (Span(1, slice(0, 2), slice(2, 3)),))
     return Rollout("s", last.prompt_ids, last.completion_ids, last.logprobs, last.env_mask, (turn("a"), turn("b")),
                    1.0, Ending.ENV_DONE, rows=(first, last))  # fmt: skip
 
@@ -111,3 +111,29 @@ def test_spans_walk_each_rows_turns_once_and_refuse_an_inconsistent_record():
     bad = Rollout("s", [1], [5, 6], [-0.1, -0.1], [1, 1], (turn("a"), turn("b")), 1.0, Ending.ENV_DONE)
     with pytest.raises(ConfigError, match="2 turns hold 6 tokens but its completion has 2"):
         bad.spans()
+
+
+def test_each_row_stores_its_turns_spans_where_the_engine_laid_them(tokenizer):
+    """Row.spans is recorded when the engine builds the row (Rollout.spans reads it): each turn's sampled ids, then
+    its env tokens, in every row of every mode."""
+    from trl_env.rollout import Budgets, batch_rollout
+
+    tok = thinking_tokenizer(tokenizer)
+    processor = from_tokenizer(tok)
+    budgets = Budgets(max_turns=3, max_new_tokens=64, max_completion_tokens=512)
+    for history in ("sampled", "deployed"):
+        gen = ReplyGenerator(tok, processor, think=thinks_by_episode)
+        rollouts = batch_rollout(["1", "2", "3", "4"], NumberedTalkEnv, processor, tok, gen, budgets=budgets,
+                                 history=history, env_workers=1)  # fmt: skip
+        assert max(len(r.rows) for r in rollouts) == (1 if history == "sampled" else 3)
+        for r in rollouts:
+            assert [s.turn for row in r.rows for s in row.spans] == list(range(len(r.turns)))
+            assert [spans for _, spans in r.spans()] == [list(row.spans) for row in r.rows]
+            for row in r.rows:
+                for s in row.spans:
+                    sampled = row.completion_ids[s.model]
+                    text = r.turns[s.turn].text  # "" for a turn the env never stepped on (FlakyTalkEnv fails some)
+                    assert tok.decode(sampled, skip_special_tokens=False) == text or not text
+                    assert row.env_mask[s.model] == [1] * len(sampled) and row.env_mask[s.env] == [0] * (
+                        s.env.stop - s.env.start)  # fmt: skip
+                assert row.spans[-1].env.stop == len(row.completion_ids)

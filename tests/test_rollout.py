@@ -432,10 +432,10 @@ def test_each_turn_records_the_state_key_the_env_named_before_it_acted(tokenizer
 
 def test_every_rollout_has_its_training_rows_even_one_built_by_hand():
     """Consumers read ``Rollout.rows`` alone: a rollout built without rows holds its own lists as its one row."""
-    from trl_env.rollout.records import Rollout, Row, Turn
+    from trl_env.rollout.records import Rollout, Row, Span, Turn
 
     turn = Turn("t", "", "a", "o", 1.0, FinishReason.STOP, 2, 1, 0.0, 0.0)
     by_hand = Rollout("s", [1], [5, 6, 7], [-0.5, -0.25, 0.0], [1, 1, 0], (turn,), 1.0, Ending.ENV_DONE)
-    assert by_hand.rows == (Row([1], [5, 6, 7], [-0.5, -0.25, 0.0], [1, 1, 0], 1),)
-    rows = (Row([1], [5], [0.0], [1], 1),)
+    assert by_hand.rows == (Row([1], [5, 6, 7], [-0.5, -0.25, 0.0], [1, 1, 0], (Span(0, slice(0, 2), slice(2, 3)),)),)
+    rows = (Row.of_turns([1], [5], [0.0], [1], [turn]),)
     assert Rollout("s", [1], [5], [0.0], [1], (turn,), 1.0, Ending.ENV_DONE, rows=rows).rows == rows

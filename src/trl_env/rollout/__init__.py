@@ -2,6 +2,6 @@
 
 from trl_env.rollout.engine import batch_rollout
 from trl_env.rollout.history import History
-from trl_env.rollout.records import Budgets, Ending, Rollout, Row, Turn
+from trl_env.rollout.records import Budgets, Ending, Rollout, Row, Span, Turn
 
-__all__ = ["Budgets", "Ending", "History", "Rollout", "Row", "Turn", "batch_rollout"]
+__all__ = ["Budgets", "Ending", "History", "Rollout", "Row", "Span", "Turn", "batch_rollout"]

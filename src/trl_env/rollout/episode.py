@@ -356,7 +356,11 @@ class Episode:
         self.row_turns = 0
 
     def _row(self) -> Row:
-        return Row(self.prompt_ids, self.completion_ids, self.logprobs, self.env_mask, self.row_turns)
+        """The current row, with its turns' spans: the episode's last ``row_turns`` turns, laid out as appended."""
+        first = len(self.turns) - self.row_turns
+        return Row.of_turns(
+            self.prompt_ids, self.completion_ids, self.logprobs, self.env_mask, self.turns[first:], first
+        )
 
     def finish(self, ending: Ending, error: str = "") -> None:
         """Record the episode's one ending."""
@@ -368,35 +372,27 @@ class Episode:
         assert self.ending is not None, "every episode ends"
         # No reward without a model turn (it would only shift the group's baseline) or after a failure.
         scored = self.ending is not Ending.ERROR and bool(self.turns)
-        if not self.completion_ids and self.rows:  # a row opened, then the episode failed before its turn was sampled
-            last = self.rows.pop()
-            self.prompt_ids, self.completion_ids, self.logprobs, self.env_mask = (
-                last.prompt_ids, last.completion_ids, last.logprobs, last.env_mask)  # fmt: skip
-            self.row_turns = last.turns
-        prompt_ids, completion_ids, logprobs, env_mask = (
-            self.prompt_ids,
-            self.completion_ids,
-            self.logprobs,
-            self.env_mask,
-        )
-        if not completion_ids:
+        # A row opened, then the episode failed before its turn was sampled: the row is dropped.
+        rows = [*self.rows, self._row()] if self.completion_ids else list(self.rows)
+        if not rows:
             # TRL needs a non-empty prompt and completion, and pads every row to the batch's longest prompt plus
             # longest completion: one masked stand-in token each, so the row fits any model. Flagged.
-            prompt_ids, completion_ids, logprobs, env_mask = [placeholder_id], [placeholder_id], [0.0], [0]
+            rows = [Row([placeholder_id], [placeholder_id], [0.0], [0], ())]
             self.info["placeholder"] = True
             self.info["prompt_tokens"] = len(self.prompt_ids)
+        last = rows[-1]
         return Rollout(
             seed=self.seed,
-            prompt_ids=prompt_ids,
-            completion_ids=completion_ids,
-            logprobs=logprobs,
-            env_mask=env_mask,
+            prompt_ids=last.prompt_ids,
+            completion_ids=last.completion_ids,
+            logprobs=last.logprobs,
+            env_mask=last.env_mask,
             turns=tuple(self.turns),
             reward=self.reward if scored else None,
             ending=self.ending,
             error=self.error,
             info=self.info,
-            rows=(*self.rows, Row(prompt_ids, completion_ids, logprobs, env_mask, self.row_turns)),
+            rows=tuple(rows),
         )
 
 

@@ -5,6 +5,7 @@ All are frozen dataclasses; the engine builds them and ``trl_env.integrations.gr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -84,20 +85,6 @@ class Turn:
 
 
 @dataclass(frozen=True)
-class Row:
-    """One training row, token-exact: each model turn it holds was sampled from ``prompt_ids + completion_ids[:k]``."""
-
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    logprobs: list[float]
-    """One entry per completion token: the sampler's logprob, 0.0 on env tokens."""
-    env_mask: list[int]
-    """One entry per completion token: 1 = sampled (trained on), 0 = env text."""
-    turns: int
-    """How many of the episode's model turns it holds (consecutive ones)."""
-
-
-@dataclass(frozen=True)
 class Span:
     """One model turn's place in its row's completion: its sampled tokens, then the env tokens that answered it."""
 
@@ -107,6 +94,43 @@ class Span:
     """Its model tokens in ``Row.completion_ids`` (trained on)."""
     env: slice
     """The env tokens after it (masked; empty when the episode ended with this turn)."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One training row, token-exact: each model turn it holds was sampled from ``prompt_ids + completion_ids[:k]``."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    """One entry per completion token: the sampler's logprob, 0.0 on env tokens."""
+    env_mask: list[int]
+    """One entry per completion token: 1 = sampled (trained on), 0 = env text."""
+    spans: tuple[Span, ...]
+    """Its turns' places in ``completion_ids`` (consecutive turns of the episode, in order), recorded when the row was
+    built (``Row.of_turns``); empty for a placeholder row (an episode without a model turn)."""
+
+    @property
+    def turns(self) -> int:
+        """How many of the episode's model turns it holds."""
+        return len(self.spans)
+
+    @classmethod
+    def of_turns(
+        cls,
+        prompt_ids: list[int],
+        completion_ids: list[int],
+        logprobs: list[float],
+        env_mask: list[int],
+        turns: Sequence[Turn],
+        first: int = 0,
+    ) -> Row:
+        """A row holding ``turns``, the episode's turns ``first``, ``first + 1``, ...
+
+        They lie in ``completion_ids`` one after another: each turn's ``num_model_tokens`` sampled tokens, then its
+        ``num_env_tokens`` env tokens.
+        """
+        return cls(prompt_ids, completion_ids, logprobs, env_mask, _laid(turns, first))
 
 
 @dataclass(frozen=True)
@@ -129,35 +153,38 @@ class Rollout:
     rows: tuple[Row, ...] = ()
     """The training rows, in turn order, never empty. ``history="sampled"``: one, the rollout's own lists.
     ``"deployed"``: one per turn whose context does not extend the previous row verbatim; the rollout's own lists
-    are the last row's. A ``Rollout`` built without rows (by hand) gets its own lists as its one row."""
+    are the last row's. A ``Rollout`` built without rows (by hand) gets its own lists as its one row, holding every
+    turn."""
 
     def __post_init__(self) -> None:
         if not self.rows:
-            row = Row(self.prompt_ids, self.completion_ids, self.logprobs, self.env_mask, len(self.turns))
+            row = Row.of_turns(self.prompt_ids, self.completion_ids, self.logprobs, self.env_mask, self.turns)
             object.__setattr__(self, "rows", (row,))
 
     def spans(self) -> list[tuple[Row, list[Span]]]:
-        """Each training row with the spans of its turns: the one walk from turns to tokens.
+        """Each training row with the spans of its turns (``Row.spans``, as recorded when the row was built).
 
         Raises:
-            ConfigError: when a row's turns do not add up to its completion (an inconsistent record, e.g. built by
-                hand).
+            ConfigError: when the spans do not tile a row's completion, or disagree with the turns' token counts (an
+                inconsistent record, e.g. built by hand).
         """
         out, first = [], 0
         for row in self.rows:
-            spans, end = [], 0
-            for k in range(first, first + row.turns):
-                turn = self.turns[k]
-                model = slice(end, end + turn.num_model_tokens)
-                spans.append(Span(k, model, slice(model.stop, model.stop + turn.num_env_tokens)))
-                end = spans[-1].env.stop
+            end = 0
+            for k, span in enumerate(row.spans, start=first):
+                if (span,) != _laid(self.turns[k : k + 1], k, end):  # a check of the record, O(turns)
+                    raise ConfigError(
+                        f"{span} is not where turn {k} of {len(self.turns)} lies after {end} tokens (its own token "
+                        "counts, just after the previous turn's): the episode's record is inconsistent."
+                    )
+                end = span.env.stop
             first += row.turns
             if end != len(row.completion_ids):
                 raise ConfigError(
                     f"a row's {row.turns} turns hold {end} tokens but its completion has {len(row.completion_ids)}: "
                     "the episode's record is inconsistent."
                 )
-            out.append((row, spans))
+            out.append((row, list(row.spans)))
         return out
 
     @property
@@ -169,3 +196,13 @@ class Rollout:
     def truncated(self) -> bool:
         """A budget ended the episode."""
         return self.ending in (Ending.MAX_TURNS, Ending.LENGTH)
+
+
+def _laid(turns: Sequence[Turn], first: int, start: int = 0) -> tuple[Span, ...]:
+    """The spans of ``turns`` (the episode's turns ``first``, ...) laid one after another from token ``start``."""
+    spans, end = [], start
+    for k, turn in enumerate(turns, start=first):
+        model = slice(end, end + turn.num_model_tokens)
+        spans.append(Span(k, model, slice(model.stop, model.stop + turn.num_env_tokens)))
+        end = model.stop + turn.num_env_tokens
+    return tuple(spans)
