@@ -224,3 +224,25 @@ def test_reported_rewards_become_turn_rewards():
 
     (rollout,), _ = run(tokenizer, program, script=lambda k, p: f"{k}<|im_end|>")
     assert [t.reward for t in rollout.turns] == [0.5, 1.0, 1.5] and rollout.reward == 1.5
+
+
+def test_a_reply_cut_by_the_token_budget_is_answered_length_then_calls_are_refused():
+    from trl_env.rollout import Budgets
+
+    tokenizer = load_tokenizer("pypi:qwen2_5")
+    seen = []
+
+    def program(run):
+        client = run.openai(max_retries=0)
+        messages = [{"role": "user", "content": "talk"}]
+        seen.append(client.chat.completions.create(model=run.model, messages=messages).choices[0].finish_reason)
+        try:
+            client.chat.completions.create(model=run.model, messages=messages)
+        except openai.APIStatusError as e:
+            seen.append(e.status_code)
+        return 0.25
+
+    long = lambda k, p: "word " * 40 + "<|im_end|>"  # noqa: E731
+    (rollout,), generator = run(tokenizer, program, script=long, budgets=Budgets(max_new_tokens=8))
+    assert rollout.ending is Ending.LENGTH and len(generator.outputs[0].token_ids) == 8
+    assert seen == ["length", 409] and rollout.reward == 0.25
