@@ -1,0 +1,184 @@
+"""verifiers 0.4 environments as agent programs (trl_env.integrations.verifiers), run the way verifiers runs them.
+
+The environments are real: a taskset and a multi-turn env built here (tests/vf_reply_tasks.py,
+tests/vf_dialogue_tasks.py) and verifiers' own bundled OpenEnv taskset against the OpenEnv echo server of
+experiment/examples. Their harness is verifiers' ``null`` chat program (a uv script, in verifiers' subprocess
+runtime); verifiers runs in .venv-verifiers (scripts/install.sh), since its mcp 2 pin breaks OpenEnv in .venv.
+The model is the real vLLM CPU server's OpenAI endpoint. Every reward is checked against the rubric recomputed from
+verifiers' record of the episode, and every answer in that record against the server itself (replayed with the same seed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from trl_env import ConfigError, EnvError
+from trl_env.agents.run import AgentRun
+from trl_env.integrations import verifiers as vf_adapter
+from trl_env.integrations.verifiers import VerifiersProgram
+
+TESTS = Path(__file__).resolve().parent
+EXAMPLES = TESTS.parent / "experiment" / "examples"
+VF_PYTHON = TESTS.parent / ".venv-verifiers" / "bin" / "python"
+SAMPLING = {"temperature": 1.0, "seed": 1234, "max_tokens": 12}  # seeded: the server answers a replay alike
+
+sys.path.insert(0, str(TESTS))
+import vf_rubrics  # noqa: E402  # the rubrics of vf_reply_tasks / vf_dialogue_tasks, which import verifiers
+
+
+@pytest.fixture(scope="module")
+def vf_python() -> str:
+    if not VF_PYTHON.exists():
+        message = f"no verifiers venv at {VF_PYTHON}: run `bash scripts/install.sh`"
+        if os.environ.get("TRL_ENV_REQUIRE_VLLM") == "1":  # CI: the heavy venvs must be there
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    return str(VF_PYTHON)
+
+
+def program(vf_python, taskset, tmp_path, **options) -> VerifiersProgram:
+    return VerifiersProgram.from_taskset(taskset, python=vf_python, import_paths=[TESTS], sampling=SAMPLING,
+                                         episodes=tmp_path / "episodes.jsonl", **options)  # fmt: skip
+
+
+def agent_run(server, seed, key: str = "EMPTY") -> AgentRun:
+    return AgentRun(task=seed, seed=seed, base_url=server.base_url + "/v1", api_key=key, model=server.model)
+
+
+def episodes(tmp_path) -> list[dict]:
+    return [json.loads(line) for line in (tmp_path / "episodes.jsonl").read_text().splitlines()]
+
+
+def conversation(trace: dict) -> list[dict]:
+    """The trace's messages (its nodes form one chain here), as the wire sends them."""
+    return [{k: v for k, v in node["message"].items() if v is not None} for node in trace["nodes"]]
+
+
+def replay(server, messages: list[dict]) -> str:
+    """What the vLLM server answers to ``messages`` (with the episodes' seeded sampling)."""
+    body = json.dumps({"model": server.model, "messages": messages, **SAMPLING}).encode()
+    request = urllib.request.Request(
+        server.base_url + "/v1/chat/completions", body, {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())["choices"][0]["message"]["content"]
+
+
+def assert_answers_are_the_servers(server, messages: list[dict]) -> list[str]:
+    """Each assistant message of ``messages`` is the server's answer to the messages before it."""
+    replies = [m.get("content", "") for m in messages if m["role"] == "assistant"]
+    for i, message in enumerate(messages):
+        if message["role"] == "assistant":
+            assert message.get("content", "") == replay(server, messages[:i]), f"message {i} is not the server's answer"
+    assert replies, "the harness made no model call"
+    return replies
+
+
+# ---------------------------------------------------------------------------------------- configuration
+
+
+def test_an_interpreter_without_verifiers_is_a_config_error_naming_the_install():
+    with pytest.raises(ConfigError, match=r"pip install 'trl-env\[verifiers\]'"):
+        VerifiersProgram.from_taskset("vf_reply_tasks", python=sys.executable if not _has_verifiers() else "/bin/true")
+
+
+def _has_verifiers() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("verifiers") is not None
+
+
+def test_missing_uv_is_a_config_error(vf_python, monkeypatch):
+    monkeypatch.setattr(vf_adapter.shutil, "which", lambda name, path=None: None if name == "uv" else name)
+    with pytest.raises(ConfigError, match="uv"):
+        VerifiersProgram.from_taskset("vf_reply_tasks", python=vf_python)
+
+
+def test_a_taskset_verifiers_cannot_load_fails_at_construction_with_verifiers_reason(vf_python, tmp_path):
+    with pytest.raises(ConfigError, match="no_such_taskset.*not found"):
+        program(vf_python, "no_such_taskset", tmp_path)
+
+
+# ---------------------------------------------------------------------------------------- the real vLLM server
+
+
+def test_taskset_built_here_scores_the_servers_replies_with_its_own_rubric(vf_python, vllm_server, tmp_path):
+    reply = program(vf_python, "vf_reply_tasks", tmp_path)
+    try:
+
+        async def together():  # two episodes at once, by position and by name; then a seed naming no task
+            return await asyncio.gather(reply(agent_run(vllm_server, "0")), reply(agent_run(vllm_server, "q2")))
+
+        rewards = dict(zip(["q0", "q2"], asyncio.run(together()), strict=True))
+        with pytest.raises(EnvError, match="names no task"):
+            asyncio.run(reply(agent_run(vllm_server, "q9")))
+    finally:
+        reply.close()
+    for episode in episodes(tmp_path):
+        (trace,) = episode["traces"]
+        name = episode["task"]["data"]["name"]
+        messages = conversation(trace)
+        assert messages[0] == {"role": "user", "content": vf_rubrics.QUESTIONS[int(name[1])]}
+        (answer,) = assert_answers_are_the_servers(vllm_server, messages)
+        assert (
+            rewards[name]
+            == pytest.approx(vf_rubrics.reply_score(answer.strip()))  # verifiers' Trace.last_reply is stripped
+            == pytest.approx(trace["rewards"]["reply_score"]["score"])
+        )
+        assert trace["calls"][0]["endpoint"] == "/chat/completions" and trace["calls"][0]["model"] == vllm_server.model
+
+
+def test_multi_turn_env_built_here_plays_every_turn_through_the_endpoint(vf_python, vllm_server, tmp_path):
+    dialogue = program(vf_python, "vf_dialogue_tasks", tmp_path)
+    try:
+        reward = asyncio.run(dialogue(agent_run(vllm_server, "0")))
+    finally:
+        dialogue.close()
+    ((trace,),) = [episode["traces"] for episode in episodes(tmp_path)]
+    replies = trace["info"]["replies"]
+    assert len(replies) == vf_rubrics.TURNS == len(trace["calls"])
+    messages = conversation(trace)
+    assert [m["content"] for m in messages if m["role"] == "user"] == [f"Say: {w}" for w in vf_rubrics.WORDS[:3]]
+    assert [answer.strip() for answer in assert_answers_are_the_servers(vllm_server, messages)] == replies  # stripped
+    assert reward == pytest.approx(vf_rubrics.dialogue_score(replies))
+
+
+def test_unreachable_model_endpoint_fails_the_episode_with_verifiers_reason(vf_python, vllm_server, tmp_path):
+    reply = program(vf_python, "vf_reply_tasks", tmp_path)
+    try:
+        run = AgentRun(task="0", seed="0", base_url="http://127.0.0.1:9/v1", api_key="k", model=vllm_server.model)
+        with pytest.raises(EnvError, match="ProviderError"):
+            asyncio.run(reply(run))
+    finally:
+        reply.close()
+
+
+def test_bundled_openenv_taskset_rewards_are_what_the_openenv_server_reported(vf_python, vllm_server, tmp_path):
+    sys.path.insert(0, str(EXAMPLES))
+    import openenv_echo
+
+    log = tmp_path / "echo.jsonl"
+    base_url, proc = openenv_echo.start_server(max_sessions=2, log=str(log))
+    try:
+        openenv_echo.wait_ready(base_url, proc)
+        echo = program(vf_python, {"id": "openenv", "base_url": base_url}, tmp_path, max_turns=3)
+        try:
+            reward = asyncio.run(echo(agent_run(vllm_server, "0")))
+        finally:
+            echo.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    steps = [record for record in map(json.loads, log.read_text().splitlines()) if record["event"] == "step"]
+    assert steps, "the model's replies never reached the OpenEnv server as actions"
+    assert reward == pytest.approx(sum(step["reward"] for step in steps))
+    ((trace,),) = [episode["traces"] for episode in episodes(tmp_path)]
+    sent = [m["content"].strip() for m in conversation(trace) if m["role"] == "assistant"]
+    assert [step["action"] for step in steps] == sent[: len(steps)]
