@@ -9,40 +9,12 @@ import time
 
 import pytest
 from helpers import ReplyGenerator, ScriptedGenerator, assert_token_exact
+from seat_games import SecretNim
 
 from trl_env import Budgets, ChatMLProcessor, ConfigError, Ending
 from trl_env.backends.base import Generation
 from trl_env.rollout.seated import play_seats
 from trl_env.seats import POLICY, SeatedEnv, Seating
-
-
-class SecretNim:
-    """Take 1 or 2 from a pile; whoever takes the last one wins. Each seat holds a card only it may see."""
-
-    seats = 2
-
-    def __init__(self, hang_at: int | None = None) -> None:
-        self.hang_at = hang_at
-
-    def reset(self, seed):
-        self.pile, self.seat, self.alive, self.rewards = int(seed), 0, True, [0.0, 0.0]
-        self.cards = [f"card-{seed}-A", f"card-{seed}-B"]
-        return self, self._observation("")
-
-    def step(self, action):
-        if self.hang_at is not None and self.pile == self.hang_at:
-            time.sleep(5)
-        taken = 2 if action.strip().startswith("2") else 1
-        self.pile -= taken
-        if self.pile <= 0:
-            self.alive = False
-            self.rewards = [1.0, -1.0] if self.seat == 0 else [-1.0, 1.0]
-            return self, f"Player {self.seat} took the last one."
-        self.seat = 1 - self.seat
-        return self, self._observation(f"Opponent took {taken}. ")
-
-    def _observation(self, lead: str) -> str:
-        return f"{lead}Pile: {self.pile}. Your card: {self.cards[self.seat]}. Take 1 or 2."
 
 
 def take(n: str):

@@ -24,8 +24,8 @@ OPTIONS = dict(max_turns=2, max_new_tokens=6, parse_truncated_turns=True)
 
 def rollout(seat: int, reward: float | None, ending: Ending = Ending.ENV_DONE, invalid: bool = False) -> Rollout:
     turn = Turn("t", "", "[4]", "d", reward, "stop", 2, 0, 0.0, 0.0)  # type: ignore[arg-type]
-    return Rollout("1", [1], [2, 3], [0.0, 0.0], [1, 1], (turn,), reward, ending,
-                   info={"seat": seat, "game": 0, "env": {"invalid_move": invalid}})  # fmt: skip
+    return Rollout.single("1", [1], [2, 3], [0.0, 0.0], [1, 1], (turn,), reward, ending,
+                          info={"seat": seat, "game": 0, "env": {"invalid_move": invalid}})  # fmt: skip
 
 
 def test_per_seat_rates_by_hand():
@@ -36,7 +36,7 @@ def test_per_seat_rates_by_hand():
     assert rates["seat1/loss_rate"] == 0.5 and rates["seat1/reward_mean"] == -0.5 and rates["seat1/scored"] == 2
     assert rates["seat1/invalid_move_rate"] == 0.5 and rates["seat0/error_rate"] == pytest.approx(1 / 3)
     assert rates["seat0/turns_mean"] == 1.0 and rates["seat0/model_tokens_mean"] == 2.0
-    assert seat_rates(seat_counts([Rollout("1", [1], [2], [0.0], [1], (), None, Ending.ENV_DONE)])) == {}
+    assert seat_rates(seat_counts([Rollout.single("1", [1], [2], [0.0], [1], (), None, Ending.ENV_DONE)])) == {}
 
 
 def test_grpo_trainer_plays_both_seats_and_logs_per_seat_metrics(tmp_path, model, tokenizer):
@@ -95,3 +95,17 @@ def test_trl_env_eval_reports_each_seat_against_a_fixed_random_opponent(tmp_path
     assert [(line["info"]["game"], line["info"]["seat"]) for line in lines] == [(0, 1), (1, 1), (2, 1)]
     assert "game 0, seat 1" in (out / "transcripts.md").read_text()
     assert random_move("Available Moves: '[3]'") == "[3]"
+
+
+def test_selfplay_example_training_script_smoke(tmp_path):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "experiment" / "examples"))
+    import selfplay_tictactoe
+
+    summary = selfplay_tictactoe.main(["--model", "tiny", "--steps", "2", "--out", str(tmp_path), "--save"])
+    assert summary["steps"] == 2.0 and math.isfinite(summary["wall_s"])
+    assert (tmp_path / "transcripts_seed0.jsonl").is_file() and (tmp_path / "model" / "config.json").is_file()
+    lines = [json.loads(line) for line in (tmp_path / "transcripts_seed0.jsonl").read_text().splitlines()]
+    assert {line["info"]["seat"] for line in lines} == {0, 1}

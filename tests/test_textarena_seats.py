@@ -48,7 +48,7 @@ def test_tictactoe_both_seats_by_the_policy(tokenizer):
     assert (len(seat0.turns), len(seat1.turns)) == (4, 3)
     assert "You are Player 0" in text_of(seat0, tokenizer) and "You are Player 1" not in text_of(seat0, tokenizer)
     assert "[Player 0] [0]" in text_of(seat1, tokenizer) and "[Player 0] [0]" not in text_of(seat0, tokenizer)
-    assert seat0.info["env"]["seat"] == 0 and seat1.info["env"]["invalid_move"] is False
+    assert seat0.info["seat"] == 0 and seat1.info["env"]["invalid_move"] is False
 
 
 def test_kuhn_poker_seats_see_only_their_own_card(tokenizer):

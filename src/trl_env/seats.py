@@ -111,6 +111,7 @@ class View(NamedTuple):
     alive: bool
     reward: float
     info: dict[str, Any]
+    """The game's ``info`` as this seat may see it (``play_seats`` records the seat in ``Rollout.info["seat"]``)."""
 
 
 @dataclass
@@ -227,7 +228,6 @@ class Match:
         own = self.info.get("seats")
         if isinstance(own, list) and len(own) == len(self.seating.players) and isinstance(own[seat], dict):
             info.update(own[seat])
-        info["seat"] = seat
         if self.reason:
             info["reason"] = self.reason
         if self.over:
