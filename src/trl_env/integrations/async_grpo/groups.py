@@ -28,6 +28,8 @@ from trl_env.integrations.async_grpo.samples import (
 )
 from trl_env.rollout import Ending, History, Rollout, batch_rollout
 from trl_env.rollout.records import Turn
+from trl_env.rollout.seated import play_seats
+from trl_env.seats import Seating
 
 if TYPE_CHECKING:
     from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
@@ -40,9 +42,10 @@ def run_group(worker: TrlEnvRolloutWorker, group_id: int, seed: Any, claim: int)
     started, version_at_start = time.time(), worker.model_version
     gen = _GroupGenerator(worker)
     engine = worker.options.engine
-    rollouts = batch_rollout(
+    run = play_seats if isinstance(worker.env_factory, Seating) else batch_rollout  # a Seating: games of seats
+    rollouts = run(
         [seed] * worker.num_generations,
-        worker.env_factory,
+        worker.env_factory,  # type: ignore[arg-type]  # a Seating goes to play_seats, an env factory to batch_rollout
         worker.processor,
         worker.tokenizer,
         gen,

@@ -39,6 +39,7 @@ from trl_env.processors.base import Processor
 from trl_env.rollout import History, Rollout
 from trl_env.rollout.history import DeployedHistory
 from trl_env.rollout.transcripts import write_transcripts
+from trl_env.seats import Seating
 
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue as MPQueue
@@ -115,7 +116,7 @@ class TrlEnvRolloutWorker:
 
     def __init__(
         self,
-        env_factory: Callable[[], Env],
+        env_factory: Callable[[], Env] | Seating,
         processor: Processor,
         tokenizer: Any,
         generator: Generator | str | Sequence[str],
@@ -151,7 +152,7 @@ class TrlEnvRolloutWorker:
             processor = _with_system_prompt(processor, system_prompt)
         if built.engine.history is History.DEPLOYED:  # refused at once, not on the first group's thread
             DeployedHistory.check(processor, tokenizer, None, built.engine.template_kwargs)
-        if built.engine.env_executor == "process":
+        if built.engine.env_executor == "process" and not isinstance(env_factory, Seating):  # Seating: refused
             engine_options = built.engine
             env_factory = isolated(
                 env_factory, pool_size=engine_options.env_workers, memory_mb=engine_options.env_memory_mb
@@ -215,7 +216,7 @@ class TrlEnvRolloutWorker:
     def from_args(
         cls,
         args: Any,
-        env_factory: Callable[[], Env],
+        env_factory: Callable[[], Env] | Seating,
         processor: Processor,
         tokenizer: Any,
         seeds: Sequence[Any],

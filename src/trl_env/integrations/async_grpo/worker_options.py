@@ -21,6 +21,7 @@ from trl_env.integrations.options import (
     TranscriptKeywords,
 )
 from trl_env.processors.base import Processor, check_processor
+from trl_env.seats import Seating
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ class WorkerOptions(LimitKeywords, EngineKeywords, TranscriptKeywords, total=Fal
 
 
 def check_worker_args(
-    env_factory: Callable[[], Env],
+    env_factory: Callable[[], Env] | Seating,
     processor: Processor,
     seeds: Sequence[Any],
     *,
@@ -53,11 +54,15 @@ def check_worker_args(
     Raises:
         ConfigError: for a bad argument.
     """
-    if not callable(env_factory):
+    if not callable(env_factory) and not isinstance(env_factory, Seating):
         raise ConfigError(
             f"env_factory={env_factory!r} is not callable; pass the env class or a function that returns a "
             "fresh env, e.g. `env_factory=MyEnv`, not `MyEnv()`."
         )
+    if isinstance(env_factory, Seating) and num_generations % len(env_factory.policy_seats):
+        k = len(env_factory.policy_seats)
+        raise ConfigError(f"num_generations={num_generations} with a Seating of {k} policy seats: a group is "
+                          f"num_generations / {k} games; make num_generations a multiple of {k}.")  # fmt: skip
     check_processor(processor)
     for name, value, low in (("num_generations", num_generations, 1), ("max_staleness", max_staleness, 0),
                              ("max_completion_length", max_completion_length, 1),
@@ -79,6 +84,9 @@ def check_worker_args(
             "generator / base_url / lora_sync are make_rollout_func options; give the worker `generator=` (a "
             "VLLMServerGenerator or the server URL); the trainer itself syncs the LoRA adapter."
         )
+    if isinstance(env_factory, Seating) and built.engine.env_executor == "process":
+        raise ConfigError("env_executor='process' with a Seating: a game's seats share one game object; use "
+                          "env_executor='thread' (the default).")  # fmt: skip
     if built.logging.check_template_every:
         raise ConfigError("check_template_every is not supported by the async worker; use make_rollout_func.")
     return built, estimator
