@@ -33,113 +33,28 @@ from pathlib import Path
 from typing import Any
 
 import _common as C
+import credit_runs as CR
 
 sys.path.insert(0, str(C.REPO_ROOT / "experiment" / "examples"))  # text_maze.py
 sys.path.insert(0, str(C.REPO_ROOT / "experiment"))  # models.py, training.py
 
-CREDITS = ("episode", "discounted", "gigpo", "per_turn_index")
-COLORS = {"episode": "tab:gray", "discounted": "tab:blue", "gigpo": "tab:green", "per_turn_index": "tab:red"}
+CREDITS = CR.VARIANTS
+COLORS = CR.COLORS
 
 
-def run_one(args: Any, credit: str, seed: int) -> dict[str, Any]:
-    """One training run of the maze; its per-step curves."""
-    import text_maze
-
-    layout = tuple(args.layout.split("/")) if args.layout else text_maze.LAYOUT
-    return text_maze.train_maze(
-        model=args.model, credit=credit, steps=args.steps, seed=seed, batch=args.batch,
-        num_generations=args.generations, learning_rate=args.lr, max_new_tokens=args.tokens,
-        max_turns=args.max_turns, layout=layout, progress=args.progress, quiet=True,
-    )  # fmt: skip
+def run_one(settings: dict[str, Any], credit: str, seed: int) -> dict[str, Any]:
+    """One training run (``credit_runs.run_one``); in a worker process with ``--jobs`` above 1."""
+    return CR.run_one(settings, credit, seed)
 
 
-def maze(settings: dict[str, Any]) -> Any:
-    """The benchmark's maze env (for its layout facts)."""
-    import text_maze
-
-    layout = tuple(settings["layout"].split("/")) if settings.get("layout") else text_maze.LAYOUT
-    return text_maze.MazeEnv(layout, settings["max_turns"], settings.get("progress", 0.0))
+SMOOTH_REACH = 5
+"""The learning-speed column: the first step whose env reward, averaged over the last 5 steps, reaches the task's
+fixed level (halfway from the uniform random policy's expected return to the best return)."""
 
 
-def best_reward(settings: dict[str, Any]) -> float:
-    """The best episode reward of the benchmark's maze."""
-    return float(maze(settings).best_reward())
-
-
-def credit_quality(
-    settings: dict[str, Any], credits: list[str], groups: int = 400, seed: int = 0
-) -> list[dict[str, Any]]:
-    """How well each estimator's per-turn advantages track the exact ones, on the maze, under a fixed random policy.
-
-    The policy: each of N, E, S, W with probability 0.2, an invalid reply 0.2, whatever the cell. Its exact
-    advantage of a turn, ``Q(cell, turns left, move) - V(cell, turns left)``, comes from dynamic programming over
-    (cell, turns left); ``groups`` groups of ``generations`` simulated episodes then go through each estimator
-    (``trl_env.credit``, the trainer's defaults, anchors = cells as the env names them). Per estimator: the
-    correlation of its advantages with the exact ones over all turns, and how often their signs agree (turns with
-    a nonzero exact advantage). No model and no training: seconds, and the same numbers every run.
-    """
-    import functools
-
-    import text_maze
-
-    from trl_env.credit import EpisodeCredit, get_estimator
-
-    policy = {"N": 0.2, "E": 0.2, "S": 0.2, "W": 0.2, "?": 0.2}
-    template = maze(settings)
-
-    def after(cell: tuple[int, int], turns: int, move: str) -> tuple[float, tuple[int, int], bool]:
-        env = text_maze.MazeEnv(template.layout, template.max_turns, template.progress)
-        env.cell, env.turns = cell, turns
-        env.step(move)
-        return env.reward, env.cell, env.alive
-
-    @functools.cache
-    def value(cell: tuple[int, int], turns: int) -> float:
-        return sum(p * q_value(cell, turns, m) for m, p in policy.items())
-
-    @functools.cache
-    def q_value(cell: tuple[int, int], turns: int, move: str) -> float:
-        reward, nxt, alive = after(cell, turns, move)
-        return reward + (value(nxt, turns + 1) if alive else 0.0)
-
-    rng = random.Random(seed)
-    moves, weights = list(policy), list(policy.values())
-    estimators = {c: get_estimator(c) for c in credits}
-    got: dict[str, list[float]] = {c: [] for c in credits}
-    exact: list[float] = []
-    wins = episodes = 0
-    for _ in range(groups):
-        group = []
-        for _ in range(settings["generations"]):
-            env = text_maze.MazeEnv(template.layout, template.max_turns, template.progress)
-            env.reset("quality")
-            rewards, anchors = [], []
-            while env.alive:
-                move = rng.choices(moves, weights)[0]
-                exact.append(q_value(env.cell, env.turns, move) - value(env.cell, env.turns))
-                anchors.append(env.name(env.cell))
-                before = env.reward
-                env.step(move)
-                rewards.append(env.reward - before)
-            wins, episodes = wins + (env.cell == env.goal), episodes + 1
-            group.append(EpisodeCredit(turn_rewards=rewards, anchors=anchors))
-        for credit, estimator in estimators.items():
-            got[credit] += [x for advantages in estimator(group) for x in advantages]
-    nonzero = [i for i, x in enumerate(exact) if abs(x) > 1e-12]
-    return [dict(
-        credit=c, correlation=statistics.correlation(got[c], exact),
-        sign_agreement=sum((got[c][i] > 0) == (exact[i] > 0) for i in nonzero) / len(nonzero),
-        turns=len(exact), groups=groups, goal_rate=wins / episodes,
-    ) for c in credits]  # fmt: skip
-
-
-REACH, SMOOTH_REACH = 0.5, 5
-"""The learning-speed column: the first step whose goal rate, averaged over the last 5 steps, reaches 50%."""
-
-
-def reached(success: list[float], level: float, window: int) -> int | None:
-    """The first step (1-based) whose trailing ``window``-step mean of ``success`` is at least ``level``."""
-    return next((i + 1 for i, x in enumerate(smooth(success, window)) if x >= level), None)
+def reached(values: list[float], level: float, window: int) -> int | None:
+    """The first step (1-based) whose trailing ``window``-step mean of ``values`` is at least ``level``."""
+    return next((i + 1 for i, x in enumerate(smooth(values, window)) if x >= level), None)
 
 
 def smooth(values: list[float], window: int) -> list[float]:
@@ -156,7 +71,7 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def summarise(runs: list[dict[str, Any]], credits: list[str], last: int) -> list[dict[str, Any]]:
+def summarise(runs: list[dict[str, Any]], credits: list[str], last: int, level: float) -> list[dict[str, Any]]:
     """Per estimator: final reward / success (mean of the last ``last`` steps) and all-steps reward, over seeds."""
     rows = []
     for credit in credits:
@@ -167,7 +82,7 @@ def summarise(runs: list[dict[str, Any]], credits: list[str], last: int) -> list
         success = [statistics.fmean(r["success"][-last:]) for r in mine]
         overall = [statistics.fmean(r["rewards"]) for r in mine]
         first = [statistics.fmean(r["rewards"][:last]) for r in mine]
-        reach = [reached(r["success"], REACH, SMOOTH_REACH) for r in mine]
+        reach = [reached(r["rewards"], level, SMOOTH_REACH) for r in mine]
         rows.append(dict(
             credit=credit, seeds=[r["seed"] for r in mine], final=final, final_mean_std=mean_std(final),
             success=success, success_mean_std=mean_std(success), overall=overall, overall_mean_std=mean_std(overall),
@@ -176,7 +91,7 @@ def summarise(runs: list[dict[str, Any]], credits: list[str], last: int) -> list
     return rows
 
 
-def table(rows: list[dict[str, Any]], last: int, steps: int) -> str:
+def table(rows: list[dict[str, Any]], last: int, steps: int, level: float, success: str) -> str:
     """The markdown table of ``summarise``'s rows."""
     base = next((r for r in rows if r["credit"] == "episode"), None)
     body = []
@@ -191,16 +106,16 @@ def table(rows: list[dict[str, Any]], last: int, steps: int) -> str:
             f"{statistics.fmean(r['wall_s']):.0f}",
         ])  # fmt: skip
     header = ["credit", "seeds", f"reward, first {last} steps", f"final reward (last {last} of {steps} steps)",
-              "final, min to max over seeds", "final vs episode", f"goal reached, last {last} steps",
-              "reward, all steps", f"step the goal rate reaches {REACH:.0%}, per seed", "wall s / run"]  # fmt: skip
+              "final, min to max over seeds", "final vs episode", f"{success}, last {last} steps",
+              "reward, all steps", f"step the reward reaches {level:.2f}, per seed", "wall s / run"]  # fmt: skip
     return C.markdown_table(header, body)
 
 
-def plot(runs: list[dict[str, Any]], credits: list[str], window: int, path: Path, title: str) -> None:
-    """Mean curve per estimator with a +-1 std band over seeds: reward (left) and goal reached (right)."""
+def plot(runs: list[dict[str, Any]], credits: list[str], window: int, path: Path, title: str, success: str) -> None:
+    """Mean curve per estimator with a +-1 std band over seeds: reward (left) and success (right)."""
     plt = C.plt()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for ax, key, label in ((axes[0], "rewards", "mean env reward per step"), (axes[1], "success", "goal reached")):
+    for ax, key, label in ((axes[0], "rewards", "mean env reward per step"), (axes[1], "success", success)):
         for credit in credits:
             curves = [smooth(r[key], window) for r in runs if r["credit"] == credit]
             if not curves:
@@ -222,26 +137,44 @@ def plot(runs: list[dict[str, Any]], credits: list[str], window: int, path: Path
     plt.close(fig)
 
 
+TASK_TEXT = {
+    "maze": ("text maze", "goal reached", "the goal by the shortest path"),
+    "rounds": ("8 independent rounds, +1 each for the round's letter", "episodes at the level", "every round right"),
+    "loop": ("a ring of 6 nodes walked 12 turns, +1 per visit of the goal", "episodes at the level", "R, R, ..."),
+    "early": ("turn 0 decides, paid at turn 10; 9 turns that do not matter", "episodes won", "A on turn 0"),
+}
+
+
+def stem(settings: dict[str, Any]) -> str:
+    """``credit`` for the maze (the results it always had), ``credit_{task}`` for the others."""
+    task = settings.get("task", "maze")
+    return "credit" if task == "maze" else f"credit_{task}"
+
+
 def report(data: dict[str, Any], out: Path) -> str:
     """Table, PNG and markdown from a run's data (also used by ``--replot``)."""
     s = data["settings"]
+    s.setdefault("task", "maze")
+    what, success, best_how = TASK_TEXT[s["task"]]
+    low, best, level = CR.target(s)
     credits = [c for c in s["credits"] if any(r["credit"] == c for r in data["runs"])]
-    rows = summarise(data["runs"], credits, s["last"])
-    text = table(rows, s["last"], s["steps"])
-    title = (f"text maze, {s['model']} model: {s['steps']} steps x {s['batch']} episodes "
+    rows = summarise(data["runs"], credits, s["last"], level)
+    text = table(rows, s["last"], s["steps"], level, success)
+    title = (f"{what}, {s['model']} model: {s['steps']} steps x {s['batch']} episodes "
              f"({s['generations']} per group), lr {s['lr']}"
-             + (f", progress reward {s['progress']}" if s.get("progress") else ", sparse reward")
+             + (f", progress reward {s['progress']}" if s.get("progress") else "")
              + ", band = ±1 std over seeds")  # fmt: skip
-    plot(data["runs"], credits, s["smooth"], out / "credit_curves.png", title)
-    if "quality" not in data:  # older saves: computed here (deterministic, seconds)
-        data["quality"] = credit_quality(s, credits, groups=s.get("quality_groups", 400))
+    plot(data["runs"], credits, s["smooth"], out / f"{stem(s)}_curves.png", title, success)
+    if "quality" not in data or "anchor_groups" not in data["quality"][0]:  # older saves: computed here (seconds)
+        data["quality"] = CR.quality(s, groups=s.get("quality_groups", 400))
     quality = C.markdown_table(
-        ["credit", "correlation with the exact advantage", "sign agrees"],
-        [[f"`{q['credit']}`", f"{q['correlation']:.3f}", f"{q['sign_agreement']:.1%}"] for q in data["quality"]],
-    )
+        ["credit", "correlation with the exact advantage", "sign agrees", "anchor_groups", "anchored_turn_frac"],
+        [[f"`{q['credit']}`", f"{q['correlation']:.3f}", f"{q['sign_agreement']:.1%}", f"{q['anchor_groups']:.2f}",
+          f"{q['anchored_turn_frac']:.2f}"] for q in data["quality"]],
+    )  # fmt: skip
     q0 = data["quality"][0]
     lines = [
-        "# Turn-level credit on the text maze (`benchmarks/bench_credit.py`)",
+        f"# Turn-level credit: {what} (`benchmarks/bench_credit.py --task {s['task']}`)",
         "",
         f"{data['machine']}. Total wall time {data['total_s'] / 60:.1f} min for {len(data['runs'])} runs.",
         "",
@@ -250,32 +183,36 @@ def report(data: dict[str, Any], out: Path) -> str:
         text,
         "",
         "Final reward: per run, the mean env reward of its last steps; then mean ± std (ddof=1) over seeds. "
-        f"The best possible episode reward is {best_reward(s):.2f} (the goal by the shortest path).",
+        f"The best possible episode reward is {best:.2f} ({best_how}); a uniformly random reply earns {low:.2f} "
+        f"on average; the fixed level of the speed column is halfway, {level:.2f} (5-step moving average).",
         "",
         f"Credit quality without training ({q0['groups']} groups of {s['generations']} episodes, {q0['turns']} turns, "
-        f"a random policy: each move 0.2, an invalid reply 0.2; goal reached in {q0['goal_rate']:.1%} of episodes): "
-        "each estimator's per-turn advantages against the exact ones, Q(cell, turns left, move) - V(cell, turns "
-        "left) by dynamic programming (`credit_quality`).",
+        "a uniformly random policy over the moves and an invalid reply): each estimator's per-turn advantages "
+        "against the exact ones, Q(state, turn, move) - V(state, turn) by dynamic programming "
+        "(`trl_env.testing.credit_tasks.credit_quality`); sign agreement over the turns whose exact advantage is "
+        "not 0; the anchor columns are `credit_metrics`'s (the same for every estimator).",
         "",
         quality,
     ]
-    (out / "credit.md").write_text("\n".join(lines) + "\n")
+    (out / f"{stem(s)}.md").write_text("\n".join(lines) + "\n")
     return text + "\n\n" + quality
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = C.base_parser(__doc__.splitlines()[0])
     parser.set_defaults(reps=None)
-    parser.add_argument("--credits", default=",".join(CREDITS), help="comma-separated credit= names")
+    parser.add_argument("--task", default="maze", choices=CR.TASK_NAMES, help="maze (default), rounds, loop, early")
+    parser.add_argument("--credits", default=",".join(CR.DEFAULT_VARIANTS), help=f"comma-separated labels of {CREDITS}")
     parser.add_argument("--steps", type=int, default=None, help="training steps per run (default 80; --quick 2)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once, one process and torch thread each")
     parser.add_argument("--model", default="tiny", help="'tiny' (default), 'smollm2' or a model folder")
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--batch", type=int, default=16, help="episodes per step")
     parser.add_argument("--generations", type=int, default=8, help="episodes per GRPO group")
     parser.add_argument("--tokens", type=int, default=3, help="max new tokens per turn")
-    parser.add_argument("--max-turns", type=int, default=6)
+    parser.add_argument("--max-turns", type=int, default=6, help="the maze's turn limit (the tasks fix their own)")
     parser.add_argument("--layout", default=None, help="maze rows joined by '/', e.g. '.S.#/.#.G/.###'")
-    parser.add_argument("--progress", type=float, default=0.0, help="reward per move closer to the goal (default 0)")
+    parser.add_argument("--progress", type=float, default=0.0, help="maze: reward per move closer to the goal")
     parser.add_argument("--last", type=int, default=None, help="final reward = mean of the last K steps (default 10)")
     parser.add_argument("--smooth", type=int, default=5, help="moving-average window of the plot")
     parser.add_argument("--replot", default=None, metavar="JSON", help="redraw the table and plot from a saved run")
@@ -284,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.replot:
         data = json.loads(Path(args.replot).read_text())
         print(report(data, out))
-        C.save_json(out / "credit.json", data)  # with the credit-quality table, where it was missing
+        C.save_json(out / f"{stem(data['settings'])}.json", data)  # with the credit-quality table, where missing
         return 0
     reps = args.reps or (1 if args.quick else 3)
     args.steps = args.steps or (2 if args.quick else 80)
@@ -292,32 +229,49 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.batch, args.generations = 8, 4
     credits = [c.strip() for c in args.credits.split(",") if c.strip()]
+    unknown = sorted(set(credits) - set(CREDITS))
+    if unknown:
+        parser.error(f"--credits {','.join(unknown)}: expected labels of {CREDITS}")
     settings = dict(
-        credits=credits, seeds=list(range(reps)), steps=args.steps, model=args.model, lr=args.lr, batch=args.batch,
-        generations=args.generations, tokens=args.tokens, max_turns=args.max_turns, layout=args.layout,
-        progress=args.progress, last=args.last, smooth=args.smooth, order_seed=args.seed,
-        quality_groups=50 if args.quick else 400,
+        task=args.task, credits=credits, seeds=list(range(reps)), steps=args.steps, model=args.model, lr=args.lr,
+        batch=args.batch, generations=args.generations, tokens=args.tokens, max_turns=args.max_turns,
+        layout=args.layout, progress=args.progress, last=args.last, smooth=args.smooth, order_seed=args.seed,
+        quality_groups=50 if args.quick else 400, jobs=args.jobs,
     )  # fmt: skip
     data: dict[str, Any] = dict(settings=settings, machine=C.machine_notes(), runs=[], total_s=0.0)
     rng = random.Random(args.seed)
-    started = time.perf_counter()
+    order = []  # block by block: one block per seed, its estimators shuffled
     for seed in range(reps):
-        order = list(credits)
-        rng.shuffle(order)
-        for credit in order:
-            t0 = time.perf_counter()
-            result = run_one(args, credit, seed)
-            data["runs"].append(result)
-            data["total_s"] = time.perf_counter() - started
-            final = statistics.fmean(result["rewards"][-args.last :]) if result["rewards"] else math.nan
-            print(f"[credit] seed {seed} {credit:>14}: final reward {final:+.3f} "
-                  f"({time.perf_counter() - t0:.0f} s, {data['total_s'] / 60:.1f} min so far)", file=sys.stderr)  # fmt: skip
-            C.save_json(out / "credit.json", data)  # after every run: a cut run keeps what it has
+        block = list(credits)
+        rng.shuffle(block)
+        order += [(credit, seed) for credit in block]
+    started = time.perf_counter()
+
+    def done(result: dict[str, Any]) -> None:
+        data["runs"].append(result)
+        data["total_s"] = time.perf_counter() - started
+        final = statistics.fmean(result["rewards"][-args.last :]) if result["rewards"] else math.nan
+        print(f"[credit] {args.task} seed {result['seed']} {result['credit']:>15}: final reward {final:+.3f} "
+              f"({result['wall_s']:.0f} s, {data['total_s'] / 60:.1f} min so far)", file=sys.stderr)  # fmt: skip
+        C.save_json(out / f"{stem(settings)}.json", data)  # after every run: a cut run keeps what it has
+
+    if args.jobs > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(args.jobs, mp_context=ctx, max_tasks_per_child=1) as pool:
+            futures = [pool.submit(run_one, settings, credit, seed) for credit, seed in order]
+            for future in futures:  # in the interleaved order, whatever finishes first
+                done(future.result())
+    else:
+        for credit, seed in order:
+            done(run_one(settings, credit, seed))
     text = report(data, out)
-    C.save_json(out / "credit.json", data)
+    C.save_json(out / f"{stem(settings)}.json", data)
     print(text)
-    print(f"\n{len(data['runs'])} runs in {data['total_s'] / 60:.1f} min; wrote {out / 'credit_curves.png'}, "
-          f"{out / 'credit.json'}, {out / 'credit.md'}")  # fmt: skip
+    print(f"\n{len(data['runs'])} runs in {data['total_s'] / 60:.1f} min; wrote {out / (stem(settings) + '_curves.png')}, "
+          f"{out / (stem(settings) + '.json')}, {out / (stem(settings) + '.md')}")  # fmt: skip
     return 0
 
 

@@ -69,33 +69,32 @@ def test_bench_credit_quick_trains_every_estimator_side_by_side(tmp_path):
         capture_output=True, text=True, timeout=300, cwd=REPO, env=env,
     )  # fmt: skip
     assert proc.returncode == 0, f"exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    for credit in ("episode", "discounted", "gigpo", "per_turn_index"):
+    labels = ["discounted", "discounted_g0.9", "episode", "gigpo", "per_turn_index"]
+    for credit in labels:
         assert f"| `{credit}` |" in proc.stdout, proc.stdout
     data = json.loads((tmp_path / "credit.json").read_text())
-    assert sorted(r["credit"] for r in data["runs"]) == ["discounted", "episode", "gigpo", "per_turn_index"]
+    assert sorted(r["credit"] for r in data["runs"]) == labels
     assert all(len(r["rewards"]) == 2 and len(r["success"]) == 2 for r in data["runs"])
     assert len({r["rewards"][0] for r in data["runs"]}) == 1  # same seed: the same first batch under every estimator
     assert (tmp_path / "credit_curves.png").stat().st_size > 10_000
     assert "final reward" in (tmp_path / "credit.md").read_text()
 
 
-def test_bench_sandbox_quick_times_the_current_sandbox_against_an_older_revision(tmp_path):
-    """Sandbox.run: the current source and the sandbox at 37d30fd (git archive), 2 interleaved runs each."""
-    if not sys.platform.startswith("linux"):
-        pytest.skip("the sandbox is Linux-only")
-    if subprocess.run(
-        ["git", "cat-file", "-e", "37d30fd:src/trl_env/sandbox"], cwd=REPO, capture_output=True
-    ).returncode:
-        pytest.skip("no git history with 37d30fd here (the benchmark extracts the older sandbox from it)")
-    from trl_env.errors import SandboxUnavailableError
-    from trl_env.sandbox import Sandbox
-
-    try:
-        Sandbox().run("pass")
-    except SandboxUnavailableError as e:
-        pytest.skip(f"no sandbox here: {e}")
-    text = run_quick("bench_sandbox.py", tmp_path)
-    assert "| pass | 37d30fd (--against) | 2 |" in text and "| sum loop 10**5 | current (" in text, text
-    data = json.loads((tmp_path / "bench_sandbox.json").read_text())
-    assert data["against"] == "37d30fd" and len(data["results"]) == 4
-    assert all(len(r["wall_ms"]) == 2 and min(r["wall_ms"]) > 0 for r in data["results"]), data
+@pytest.mark.parametrize("task", ["rounds", "loop", "early"])
+def test_bench_credit_quick_on_each_credit_task(task, tmp_path):
+    """``--task NAME`` (trl_env.testing.credit_tasks): 2 steps of two estimators, in two worker processes."""
+    env = {**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "bench_credit.py"), "--quick", "--task", task, "--credits",
+         "episode,discounted_g0", "--jobs", "2", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, cwd=REPO, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    data = json.loads((tmp_path / f"credit_{task}.json").read_text())
+    assert [r["credit"] for r in data["runs"]] in (["episode", "discounted_g0"], ["discounted_g0", "episode"])
+    max_turns = {"rounds": 8, "loop": 12, "early": 10}[task]
+    assert all(r["turns"] == [max_turns, max_turns] for r in data["runs"])  # no episode cut short by the budget
+    assert len({r["rewards"][0] for r in data["runs"]}) == 1  # the same first batch under both estimators
+    assert {q["credit"] for q in data["quality"]} == {"episode", "discounted_g0"}
+    assert (tmp_path / f"credit_{task}_curves.png").stat().st_size > 10_000
+    assert "| `discounted_g0` |" in (tmp_path / f"credit_{task}.md").read_text()
