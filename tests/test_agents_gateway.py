@@ -251,3 +251,20 @@ def test_a_reply_cut_by_the_token_budget_is_answered_length_then_calls_are_refus
     (rollout,), generator = run(tokenizer, program, script=long, budgets=Budgets(max_new_tokens=8))
     assert rollout.ending is Ending.LENGTH and len(generator.outputs[0].token_ids) == 8
     assert seen == ["length", 409] and rollout.reward == 0.25
+
+
+def test_with_parse_truncated_turns_the_agent_gets_the_cut_text(chatml):
+    from trl_env.rollout import Budgets
+
+    seen = []
+
+    def program(run):
+        messages = [{"role": "user", "content": "x"}]
+        r = run.openai(max_retries=0).chat.completions.create(model=run.model, messages=messages)
+        seen.append((r.choices[0].finish_reason, r.choices[0].message.content))
+        return 1.0
+
+    long = lambda k, p: "word " * 40 + "<|im_end|>"  # noqa: E731
+    (rollout,), generator = run(chatml, program, script=long, budgets=Budgets(max_new_tokens=8),
+                                parse_truncated_turns=True)  # fmt: skip
+    assert seen == [("length", chatml.decode(generator.outputs[0].token_ids))] and rollout.reward == 1.0
