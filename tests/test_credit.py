@@ -142,7 +142,9 @@ def turn(reward, delta, model=2, env=1, anchor=None):
 
 def rollout(turns, reward=1.0, ending=Ending.ENV_DONE, rows=None):
     n = sum(t.num_model_tokens + t.num_env_tokens for t in turns)
-    return Rollout("seed", [1], list(range(n)), [0.0] * n, [1] * n, tuple(turns), reward, ending, rows=rows or ())
+    if rows:
+        return Rollout("seed", rows, tuple(turns), reward, ending)
+    return Rollout.single("seed", [1], list(range(n)), [0.0] * n, [1] * n, tuple(turns), reward, ending)
 
 
 def test_from_rollout_turn_rewards_sum_to_the_episode_total_and_anchors_are_states():
@@ -258,16 +260,16 @@ def exact_gradient() -> np.ndarray:
     return grad
 
 
-def monte_carlo(estimator) -> tuple[np.ndarray, np.ndarray]:
+def monte_carlo(estimator, anchor=str) -> tuple[np.ndarray, np.ndarray]:
     """Mean over groups of (1/N) sum_i sum_t A_it d log pi(a_it) / d theta, x N / (N - 1) (the group mean includes
-    the episode itself: docs/credit.md), and its standard error."""
+    the episode itself: docs/credit.md), and its standard error. ``anchor(t)``: the state of turn t (its index)."""
     rng = np.random.default_rng(0)
     cont = rng.random((GROUPS, N, T)) < P
     continues = np.where(cont.all(axis=2), T, cont.argmin(axis=2))
     estimates = np.zeros((GROUPS, T))
     for g in range(GROUPS):
         ks = continues[g].tolist()
-        group = [EpisodeCredit([1.0] * k + [0.0] * (k < T), [str(t) for t in range(min(k + 1, T))]) for k in ks]
+        group = [EpisodeCredit([1.0] * k + [0.0] * (k < T), [anchor(t) for t in range(min(k + 1, T))]) for k in ks]
         for k, advantages in zip(ks, estimator(group), strict=True):
             for t, a in enumerate(advantages):
                 estimates[g, t] += a * (1 - P[t] if t < k else -P[t])
@@ -287,3 +289,27 @@ def test_only_the_per_turn_index_normalisation_is_biased_when_the_policy_control
     assert np.all(np.abs(mean - exact) > 20 * se), (mean, se, exact)
     ratio, ratio_se = mean / exact, se / exact
     assert ratio.max() - ratio.min() > 4 * (ratio_se[ratio.argmax()] + ratio_se[ratio.argmin()]), ratio
+
+
+def test_gigpos_step_term_is_biased_per_turn_index_and_with_revisited_states():
+    """GiGPO's step term alone (weight x it is what GiGPO adds to the episode advantage), gamma=1, scaled by N/(N-1)
+    as the others. Anchored by turn index (no state recurs within an episode), its group at index t holds only the
+    m_t episodes alive there, episode i's own return included: the factor (m_t - 1)/m_t shrinks late turns (0.60 x
+    the exact gradient at t = 3, 30 standard errors off). With one state for every turn (each episode revisits it),
+    the group holds the episode's own later turns, whose returns its action moves: off the other way at t = 0.
+    docs/credit.md quotes these ratios."""
+    exact = exact_gradient()
+
+    def step(scale):
+        gigpo = GiGPO(gamma=1.0, scale_rewards=scale)
+        return lambda group: gigpo.step_advantages(group)[0]
+
+    mean, se = monte_carlo(step("none"))
+    ratio = mean / exact
+    assert abs(ratio[0] - 1) < 4 * se[0] / exact[0]  # at t = 0 every episode is alive: unbiased there
+    assert np.all(np.abs(mean - exact)[1:] > 4 * se[1:]), (mean, se, exact)
+    assert ratio[3] < 0.65 and ratio[1] > ratio[2] > ratio[3], ratio  # not a constant factor: no lr fixes it
+    mean, se = monte_carlo(step("none"), anchor=lambda t: "the one state")
+    assert mean[0] - exact[0] > 10 * se[0], (mean, se, exact)
+    mean, se = monte_carlo(step("group"))
+    assert np.all(np.abs(mean - exact) > 4 * se), (mean, se, exact)
