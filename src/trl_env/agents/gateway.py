@@ -141,7 +141,7 @@ class Gateway:
             raise ConfigError(f"the agents gateway cannot listen on {host}:{port}: {e}; pick another port.") from e
         self.host, self.port = host, self._sock.getsockname()[1]
         config = uvicorn.Config(self._app(), log_level="warning", timeout_keep_alive=5, backlog=4096,
-                                access_log=False, lifespan="off")  # fmt: skip
+                                access_log=False, lifespan="off", http=_protocol(read_timeout_s))  # fmt: skip
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True,
                                         name="trl-env-gateway")  # fmt: skip
@@ -257,6 +257,25 @@ class Gateway:
             return JSONResponse(error_body(e), status_code=e.status)
         model = {"id": self.model, "object": "model", "created": 0, "owned_by": "trl-env"}
         return JSONResponse({"object": "list", "data": [model]})
+
+
+def _protocol(header_timeout_s: float) -> type:
+    """Uvicorn's h11 protocol, closing a connection with no whole request head ``header_timeout_s`` after it opens.
+
+    Uvicorn itself waits forever: slow-loris connections would hold file descriptors.
+    """
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeadTimeout(H11Protocol):  # type: ignore[misc]  # uvicorn's protocol classes are untyped here
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self.loop.call_later(header_timeout_s, self._no_head)
+
+        def _no_head(self) -> None:
+            if self.cycle is None and not self.transport.is_closing():
+                self.transport.close()
+
+    return HeadTimeout
 
 
 _shared: Gateway | None = None
