@@ -36,8 +36,8 @@ def test_each_seat_is_its_own_token_exact_episode_that_sees_only_its_own_card(to
     assert (seat0.info["seat"], seat1.info["seat"]) == (0, 1) and seat0.seed == seat1.seed == "5"
     assert (seat0.reward, seat1.reward) == (1.0, -1.0)  # 5 -> 4 -> 3 -> 2 -> 1 -> 0: seat 0 takes the last one
     assert (len(seat0.turns), len(seat1.turns)) == (3, 2) and seat0.ending is seat1.ending is Ending.ENV_DONE
-    text0 = tokenizer.decode(seat0.prompt_ids + seat0.completion_ids)
-    text1 = tokenizer.decode(seat1.prompt_ids + seat1.completion_ids)
+    text0 = tokenizer.decode(seat0.rows[0].prompt_ids + seat0.rows[0].completion_ids)
+    text1 = tokenizer.decode(seat1.rows[0].prompt_ids + seat1.rows[0].completion_ids)
     assert "card-5-A" in text0 and "card-5-B" not in text0
     assert "card-5-B" in text1 and "card-5-A" not in text1 and "Opponent took 1. Pile: 4." in text1
 
@@ -68,7 +68,7 @@ def test_a_fixed_seat_plays_inside_the_policy_seat_step_and_has_no_episode(token
     [policy] = play(["4"], seating, tokenizer, generator)
     # seat 0 (fixed) takes 2 -> 2, seat 1 takes 1 -> 1, seat 0 takes 2 -> wins
     assert policy.info["seat"] == 1 and policy.reward == -1.0 and len(policy.turns) == 1
-    assert "Opponent took 2. Pile: 2. Your card: card-4-B" in tokenizer.decode(policy.prompt_ids)
+    assert "Opponent took 2. Pile: 2. Your card: card-4-B" in tokenizer.decode(policy.rows[0].prompt_ids)
 
 
 def test_waiting_for_the_other_seat_is_not_timed_by_env_timeout(tokenizer):

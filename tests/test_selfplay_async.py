@@ -45,7 +45,7 @@ def test_worker_plays_games_and_pushes_per_role_advantages(tokenizer):
 
 def _holds(rollout, samples) -> bool:
     """The samples are prefixes of the rollout's one row (history="sampled")."""
-    ids = rollout.prompt_ids + rollout.completion_ids
+    ids = rollout.rows[0].prompt_ids + rollout.rows[0].completion_ids
     return all(ids[: len(s.input_ids)] == s.input_ids.tolist() for s in samples)
 
 

@@ -38,7 +38,7 @@ def play(seeds, game, reply, tokenizer, **options):
 
 
 def text_of(rollout, tokenizer) -> str:
-    return tokenizer.decode(rollout.prompt_ids + rollout.completion_ids)
+    return tokenizer.decode(rollout.rows[0].prompt_ids + rollout.rows[0].completion_ids)  # one row: history=sampled
 
 
 def test_tictactoe_both_seats_by_the_policy(tokenizer):
