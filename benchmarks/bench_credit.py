@@ -1,23 +1,28 @@
-"""Turn-level credit, side by side: the same model, maze, seeds and steps under every ``credit=`` estimator.
+"""Turn-level credit, side by side: the same model, task, seeds and steps under every ``credit=`` estimator.
 
-Trains the tiny model of ``trl_env.testing`` (or ``--model PATH``) on the text maze of
-``experiment/examples/text_maze.py`` with ``EpisodeGRPOTrainer`` and ``make_rollout_func(..., credit=NAME)``,
-once per (estimator, seed): ``episode`` (every turn gets its episode's group advantage: the baseline),
-``discounted``, ``gigpo`` and ``per_turn_index`` (the biased reference), each with training seeds
-0 .. reps-1. The runs go block by block (one block per seed, its estimators in a shuffled order), one at a
-time on one torch thread, so load on a shared box falls on every estimator alike. Each run records the mean
-env reward and the fraction of episodes that reached the goal at every step.
+Trains the tiny model of ``trl_env.testing`` (or ``--model PATH``) with ``EpisodeGRPOTrainer`` and
+``make_rollout_func(..., credit=...)`` on one task (``--task``): ``maze`` (default, the text maze of
+``experiment/examples/text_maze.py``) or a task of ``trl_env.testing.credit_tasks``: ``rounds`` (8 independent
+rounds, each paid on its turn), ``loop`` (a 12-turn ring walk with recurring states), ``early`` (turn 0 decides,
+paid at the end). Once per (estimator, seed): ``episode`` (the baseline), ``discounted`` (gamma 1),
+``discounted_g0.9``, ``gigpo``, ``per_turn_index`` (the biased reference), and on request ``discounted_g0``
+(``credit_runs.VARIANTS``), each with training seeds 0 .. reps-1. The runs are ordered block by block (one block
+per seed, its estimators shuffled) and run one at a time on one torch thread, or ``--jobs N`` at once in worker
+processes, so load falls on every estimator alike. Each run records the mean env reward and the fraction of
+episodes that succeeded (the maze: reached the goal; the others: reached the fixed level) at every step.
 
-Writes ``credit_curves.png`` (per estimator the mean curve over seeds, a band of +-1 std over seeds, both
-smoothed over ``--smooth`` steps), ``credit.json`` (every run's curves and the settings) and ``credit.md``
-(the table): final reward = the mean of the last ``--last`` steps of a run, then mean +- std (and min-max)
-over seeds; "all steps" is the mean over every step, and the first step whose 5-step mean goal rate reaches
-50% is given per seed (both: how early it learned). A second table, ``credit_quality``, needs no training: how
-well each estimator's per-turn advantages track the exact ones (dynamic programming) under a random policy.
-Nothing is asserted: the tables say what the run says. ``--reps N``: training seeds 0 .. N-1 (default 3).
+Writes ``credit_curves.png`` / ``credit.json`` / ``credit.md`` for the maze and ``credit_{task}_curves.png`` /
+``.json`` / ``.md`` for the others: per estimator the mean curve over seeds with a band of +-1 std; final
+reward = the mean of the last ``--last`` steps of a run, then mean +- std (and min-max) over seeds; "all steps"
+is the mean over every step; the speed column is the first step whose 5-step mean reward reaches a fixed level
+(halfway from the uniform random policy's expected return to the best one), per seed. A second table needs no
+training: how well each estimator's per-turn advantages track the exact ones (dynamic programming) under a random
+policy (``credit_tasks.credit_quality``), with the GiGPO anchor statistics. Nothing is asserted: the tables say
+what the run says. ``--reps N``: training seeds 0 .. N-1 (default 3).
 
-    python benchmarks/bench_credit.py               # 4 estimators x 3 seeds x 80 steps, ~15-20 min on 2 cores
-    python benchmarks/bench_credit.py --quick       # smoke test: 2 steps per estimator, one seed
+    python benchmarks/bench_credit.py               # the maze: 5 estimators x 3 seeds x 80 steps, ~25 min on 2 cores
+    python benchmarks/bench_credit.py --task rounds --steps 100 --jobs 8   # docs/credit.md has every command
+    python benchmarks/bench_credit.py --quick --task loop   # smoke test: 2 steps per estimator, one seed
     python benchmarks/bench_credit.py --replot benchmarks/results/credit.json   # redraw table and plot
 """
 
