@@ -171,3 +171,15 @@ def test_a_processor_error_at_a_seats_first_turn_fails_the_game(tokenizer):
                           budgets=Budgets(max_turns=8, max_new_tokens=4), env_timeout=5.0)  # fmt: skip
     assert [r.info["error_kind"] for r in rollouts] == ["processor_error"] * 2
     assert rollouts[0].info["seat_failed"] == 1 and rollouts[0].reward is None
+
+
+def test_a_game_that_breaks_the_protocol_fails_with_what_it_returned(tokenizer):
+    class NoRewards(SecretNim):
+        def step(self, action):
+            env, text = super().step(action)
+            self.rewards = [1.0]  # one reward for two seats
+            return env, text
+
+    rollouts = play(["5", "5"], Seating(NoRewards, (POLICY, POLICY)), tokenizer, ReplyGenerator(tokenizer, take("1")))
+    assert [r.info["error_kind"] for r in rollouts] == ["env_bad_return"] * 2
+    assert "NoRewards.rewards = [1.0] after step; give 2 finite numbers" in rollouts[0].error

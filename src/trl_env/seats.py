@@ -9,6 +9,7 @@ runs them. docs/selfplay.md has the protocol, the failure rules and per-role cre
 from __future__ import annotations
 
 import math
+import numbers
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -201,7 +202,8 @@ class Match:
             raise fail(f"{method} returned {result!r:.80}; it must return (env, observation text)")
         env, delta = result
         rewards = list(getattr(env, "rewards", ()))
-        if len(rewards) != seats or not all(isinstance(r, (int, float)) and math.isfinite(r) for r in rewards):
+        numeric = all(isinstance(r, numbers.Real) and not isinstance(r, bool) and math.isfinite(r) for r in rewards)
+        if len(rewards) != seats or not numeric:  # numpy numbers too, as env.check_result takes them
             raise fail(f"{type(env).__name__}.rewards = {rewards!r:.80} after {method}; give {seats} finite numbers")
         alive, to_move = getattr(env, "alive", None), getattr(env, "seat", None)
         if not isinstance(alive, bool) or not isinstance(to_move, int) or not 0 <= to_move < seats:
