@@ -24,3 +24,23 @@ def test_agent_tools_training_script_smoke(tmp_path):
     assert summary["wall_s"] > 0
     rewards = json.loads((tmp_path / "rewards_seed0.json").read_text())["rewards"]
     assert len(rewards) == 2
+
+
+def test_agent_tools_evaluates_with_trl_env_eval(tmp_path):
+    from transformers import AutoTokenizer
+
+    from trl_env.testing import save_tiny_model
+    from trl_env.testing.templates import trl_templates
+    from trl_env.tools.cli import main
+
+    model_dir = save_tiny_model(tmp_path / "tiny")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.chat_template = trl_templates()["qwen2_5"]  # ChatML with the tool layout, as the example sets it
+    tokenizer.save_pretrained(model_dir)
+    out = tmp_path / "eval"
+    status = main(["eval", "--env", f"{EXAMPLES / 'agent_tools.py'}:env", "--model", str(model_dir), "--n", "4",
+                   "--history", "deployed", "--processor", "auto", "--max-new-tokens", "8", "--max-turns", "4",
+                   "--out", str(out)])  # fmt: skip
+    assert status == 0
+    lines = [json.loads(line) for p in out.glob("*.jsonl") for line in p.read_text().splitlines()]
+    assert len(lines) == 4 and all(not line.get("error") and line["turns"] for line in lines), lines[:1]

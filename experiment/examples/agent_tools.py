@@ -70,6 +70,11 @@ def agent(run: AgentRun) -> float:
     return 0.0
 
 
+def env(**kwargs: Any) -> Any:
+    """The agent as an env, for ``trl-env eval --env experiment/examples/agent_tools.py:env --history deployed``."""
+    return agent_env_factory(agent, **kwargs)()
+
+
 def main(argv: list[str] | None = None) -> dict[str, float]:
     import torch
     from datasets import Dataset
