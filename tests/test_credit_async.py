@@ -59,8 +59,7 @@ def rollout(specs, reward, ending=Ending.ENV_DONE, prompt=(1, 2)):
         mask += [1] * len(model) + [0] * len(env)
     turns = tuple(turn(*spec) for spec in specs)
     row = Row.of_turns(list(prompt), completion, logprobs, mask, turns)
-    return Rollout(seed="s", prompt_ids=list(prompt), completion_ids=completion, logprobs=logprobs, env_mask=mask,
-                   turns=turns, reward=reward, ending=ending, rows=(row,))  # fmt: skip
+    return Rollout(seed="s", rows=(row,), turns=turns, reward=reward, ending=ending)
 
 
 def group():

@@ -71,9 +71,10 @@ def test_per_role_is_a_credit_name_and_reads_the_seat_off_the_rollout():
     assert CREDIT_ESTIMATORS["per_role"] is PerRole
     assert credit_estimator("per_role", "none") == PerRole(scale_rewards="none")
     turn = Turn("t", "", "a", "d", 1.0, "stop", 1, 0, 0.0, 0.0)  # type: ignore[arg-type]
-    rollout = Rollout("7", [1], [2], [0.0], [1], (turn,), 1.0, Ending.ENV_DONE, info={"seat": 1})
+    rollout = Rollout.single("7", [1], [2], [0.0], [1], (turn,), 1.0, Ending.ENV_DONE, info={"seat": 1})
     assert EpisodeCredit.from_rollout(rollout).role == 1
-    assert EpisodeCredit.from_rollout(Rollout("7", [1], [2], [0.0], [1], (turn,), 1.0, Ending.ENV_DONE)).role is None
+    alone = Rollout.single("7", [1], [2], [0.0], [1], (turn,), 1.0, Ending.ENV_DONE)
+    assert EpisodeCredit.from_rollout(alone).role is None
 
 
 # The exact self-play gradient. Seat 0 plays a = 1 with probability sigmoid(theta_0); seat 1 sees a and plays b = 1

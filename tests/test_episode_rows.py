@@ -23,16 +23,15 @@ def turn(text: str) -> Turn:
 
 
 def two_row_rollout() -> Rollout:
-    """A deployed episode: the second turn's context rewrote the first, so two rows; the own lists are the last."""
+    """A deployed episode: the second turn's context rewrote the first, so two rows."""
     first = Row.of_turns([1, 2], [10, 11, 3], [-0.1, -0.2, 0.0], [1, 1, 0], [turn("a")])
     last = Row([1, 2, 4], [12, 13, 14], [-0.3, -0.4, -0.5], [1, 1, 1], (Span(1, slice(0, 2), slice(2, 3)),))
-    return Rollout("s", last.prompt_ids, last.completion_ids, last.logprobs, last.env_mask, (turn("a"), turn("b")),
-                   1.0, Ending.ENV_DONE, rows=(first, last))  # fmt: skip
+    return Rollout("s", (first, last), (turn("a"), turn("b")), 1.0, Ending.ENV_DONE)
 
 
 def test_model_token_metric_counts_every_row_of_a_deployed_episode():
     trainer = SimpleNamespace(_metrics={"train": defaultdict(list)}, model=SimpleNamespace(training=True))
-    one_row = Rollout("t", [1], [5, 6], [-0.1, -0.1], [1, 1], (turn("c"),), 0.0, Ending.ENV_DONE)
+    one_row = Rollout.single("t", [1], [5, 6], [-0.1, -0.1], [1, 1], (turn("c"),), 0.0, Ending.ENV_DONE)
     log_metrics(trainer, [two_row_rollout(), one_row])
     assert trainer._metrics["train"]["env/model_tokens_mean"] == [(2 + 3 + 2) / 2]  # the last row alone gave 2.5
 
@@ -87,7 +86,8 @@ def test_to_trl_refuses_an_episode_of_several_rows_and_to_trl_rows_gives_each():
     from trl_env import ConfigError, to_trl
     from trl_env.integrations.grpo import to_trl_rows
 
-    r, one = two_row_rollout(), Rollout("t", [1], [5, 6], [-0.1, -0.1], [1, 1], (turn("c"),), 0.0, Ending.ENV_DONE)
+    r, one = two_row_rollout(), Rollout.single("t", [1], [5, 6], [-0.1, -0.1], [1, 1], (turn("c"),), 0.0,
+                                               Ending.ENV_DONE)  # fmt: skip
     with pytest.raises(ConfigError, match=r"episode 0 has 2 training rows .*use to_trl_rows"):
         to_trl([r, one])
     rows, episode_of_row = to_trl_rows([r, one])
@@ -108,7 +108,7 @@ def test_spans_walk_each_rows_turns_once_and_refuse_an_inconsistent_record():
     assert [(s.turn, s.model, s.env) for s in first_spans] == [(0, slice(0, 2), slice(2, 3))]
     assert [(s.turn, s.model, s.env) for s in last_spans] == [(1, slice(0, 2), slice(2, 3))]
     assert token_advantages(r, [0.5, -1.0]) == [[0.5, 0.5, 0.0], [-1.0, -1.0, 0.0]]
-    bad = Rollout("s", [1], [5, 6], [-0.1, -0.1], [1, 1], (turn("a"), turn("b")), 1.0, Ending.ENV_DONE)
+    bad = Rollout.single("s", [1], [5, 6], [-0.1, -0.1], [1, 1], (turn("a"), turn("b")), 1.0, Ending.ENV_DONE)
     with pytest.raises(ConfigError, match="2 turns hold 6 tokens but its completion has 2"):
         bad.spans()
 
@@ -137,3 +137,33 @@ def test_each_row_stores_its_turns_spans_where_the_engine_laid_them(tokenizer):
                     assert row.env_mask[s.model] == [1] * len(sampled) and row.env_mask[s.env] == [0] * (
                         s.env.stop - s.env.start)  # fmt: skip
                 assert row.spans[-1].env.stop == len(row.completion_ids)
+
+
+def test_a_rollouts_own_lists_mean_its_one_row_in_every_mode_and_a_deployed_episode_of_several_rows_has_none(
+    tokenizer,
+):
+    """Rollout.prompt_ids/completion_ids/logprobs/env_mask were the last row under history="deployed" (the episode's
+    one row under "sampled"): now the one row's in both modes, and a clear error naming rollout.rows for several."""
+    import pytest
+
+    from trl_env import ConfigError
+    from trl_env.rollout import Budgets, batch_rollout
+
+    tok = thinking_tokenizer(tokenizer)
+    processor = from_tokenizer(tok)
+    budgets = Budgets(max_turns=3, max_new_tokens=64, max_completion_tokens=512)
+    seen = set()
+    for history in ("sampled", "deployed"):
+        gen = ReplyGenerator(tok, processor, think=thinks_by_episode)
+        for r in batch_rollout(["1", "2", "3", "4"], NumberedTalkEnv, processor, tok, gen, budgets=budgets,
+                               history=history, env_workers=1):  # fmt: skip
+            seen.add((history, len(r.rows) > 1))
+            if len(r.rows) == 1:
+                (row,) = r.rows
+                assert (r.prompt_ids, r.completion_ids, r.logprobs, r.env_mask) == (
+                    row.prompt_ids, row.completion_ids, row.logprobs, row.env_mask)  # fmt: skip
+                continue
+            for name in ("prompt_ids", "completion_ids", "logprobs", "env_mask"):
+                with pytest.raises(ConfigError, match=rf"has {len(r.rows)} training rows .*read rollout\.rows"):
+                    getattr(r, name)
+    assert seen == {("sampled", False), ("deployed", False), ("deployed", True)}

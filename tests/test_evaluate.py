@@ -57,7 +57,7 @@ def test_eval_refuses_bad_arguments_with_a_message(tmp_path, capsys):
 def test_summary_figures():
     def rollout(reward, ending, turns=1):
         turn = Turn("t", "", "a", "d", reward, FinishReason.STOP, 2, 1, 0.0, 0.0)
-        return Rollout("s", [1], [5, 6, 7], [0.0] * 3, [1, 1, 0], (turn,) * turns, reward, ending)
+        return Rollout.single("s", [1], [5, 6, 7], [0.0] * 3, [1, 1, 0], (turn,) * turns, reward, ending)
 
     s = summarize([rollout(1.0, Ending.ENV_DONE, 2), rollout(0.0, Ending.MAX_TURNS), rollout(None, Ending.ERROR)],
                   wall_s=1.0)  # fmt: skip

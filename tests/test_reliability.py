@@ -463,7 +463,7 @@ def _write_many(path, process_index):
     from trl_env.rollout.records import Rollout
 
     rollouts = [
-        Rollout(
+        Rollout.single(
             seed="x" * 30000,
             prompt_ids=[1],
             completion_ids=[2],

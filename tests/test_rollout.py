@@ -431,11 +431,16 @@ def test_each_turn_records_the_state_key_the_env_named_before_it_acted(tokenizer
 
 
 def test_every_rollout_has_its_training_rows_even_one_built_by_hand():
-    """Consumers read ``Rollout.rows`` alone: a rollout built without rows holds its own lists as its one row."""
+    """Consumers read ``Rollout.rows`` alone: a one-row episode built by hand (``Rollout.single``) holds its lists as
+    its one row, with its turns' spans; a rollout without rows is refused."""
+    from trl_env import ConfigError
     from trl_env.rollout.records import Rollout, Row, Span, Turn
 
     turn = Turn("t", "", "a", "o", 1.0, FinishReason.STOP, 2, 1, 0.0, 0.0)
-    by_hand = Rollout("s", [1], [5, 6, 7], [-0.5, -0.25, 0.0], [1, 1, 0], (turn,), 1.0, Ending.ENV_DONE)
+    by_hand = Rollout.single("s", [1], [5, 6, 7], [-0.5, -0.25, 0.0], [1, 1, 0], (turn,), 1.0, Ending.ENV_DONE)
     assert by_hand.rows == (Row([1], [5, 6, 7], [-0.5, -0.25, 0.0], [1, 1, 0], (Span(0, slice(0, 2), slice(2, 3)),)),)
+    assert by_hand.completion_ids is by_hand.rows[0].completion_ids
     rows = (Row.of_turns([1], [5], [0.0], [1], [turn]),)
-    assert Rollout("s", [1], [5], [0.0], [1], (turn,), 1.0, Ending.ENV_DONE, rows=rows).rows == rows
+    assert Rollout("s", rows, (turn,), 1.0, Ending.ENV_DONE).rows == rows
+    with pytest.raises(ConfigError, match=r"Rollout\(rows=\(\)\).*Rollout.single"):
+        Rollout("s", (), (turn,), 1.0, Ending.ENV_DONE)

@@ -24,8 +24,8 @@ OPTIONS = dict(max_turns=2, max_new_tokens=6, parse_truncated_turns=True)
 
 def rollout(seat: int, reward: float | None, ending: Ending = Ending.ENV_DONE, invalid: bool = False) -> Rollout:
     turn = Turn("t", "", "[4]", "d", reward, "stop", 2, 0, 0.0, 0.0)  # type: ignore[arg-type]
-    return Rollout("1", [1], [2, 3], [0.0, 0.0], [1, 1], (turn,), reward, ending,
-                   info={"seat": seat, "game": 0, "env": {"invalid_move": invalid}})  # fmt: skip
+    return Rollout.single("1", [1], [2, 3], [0.0, 0.0], [1, 1], (turn,), reward, ending,
+                          info={"seat": seat, "game": 0, "env": {"invalid_move": invalid}})  # fmt: skip
 
 
 def test_per_seat_rates_by_hand():
@@ -36,7 +36,7 @@ def test_per_seat_rates_by_hand():
     assert rates["seat1/loss_rate"] == 0.5 and rates["seat1/reward_mean"] == -0.5 and rates["seat1/scored"] == 2
     assert rates["seat1/invalid_move_rate"] == 0.5 and rates["seat0/error_rate"] == pytest.approx(1 / 3)
     assert rates["seat0/turns_mean"] == 1.0 and rates["seat0/model_tokens_mean"] == 2.0
-    assert seat_rates(seat_counts([Rollout("1", [1], [2], [0.0], [1], (), None, Ending.ENV_DONE)])) == {}
+    assert seat_rates(seat_counts([Rollout.single("1", [1], [2], [0.0], [1], (), None, Ending.ENV_DONE)])) == {}
 
 
 def test_grpo_trainer_plays_both_seats_and_logs_per_seat_metrics(tmp_path, model, tokenizer):

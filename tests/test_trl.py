@@ -138,7 +138,7 @@ def test_failed_episodes_are_masked_out_and_unscored():
     from trl_env import Rollout
     from trl_env.integrations.grpo import to_trl
 
-    failed = Rollout("s", [1], [5, 6], [-0.1, 0.0], [1, 0], (), None, Ending.ERROR, error="boom")
+    failed = Rollout.single("s", [1], [5, 6], [-0.1, 0.0], [1, 0], (), None, Ending.ERROR, error="boom")
     out = to_trl([failed])
     assert out["env_mask"] == [[0, 0]] and out["env_reward"] == [None] and out["env_ending"] == ["error"]
 

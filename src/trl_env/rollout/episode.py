@@ -380,19 +380,14 @@ class Episode:
             rows = [Row([placeholder_id], [placeholder_id], [0.0], [0], ())]
             self.info["placeholder"] = True
             self.info["prompt_tokens"] = len(self.prompt_ids)
-        last = rows[-1]
         return Rollout(
             seed=self.seed,
-            prompt_ids=last.prompt_ids,
-            completion_ids=last.completion_ids,
-            logprobs=last.logprobs,
-            env_mask=last.env_mask,
+            rows=tuple(rows),
             turns=tuple(self.turns),
             reward=self.reward if scored else None,
             ending=self.ending,
             error=self.error,
             info=self.info,
-            rows=tuple(rows),
         )
 
 

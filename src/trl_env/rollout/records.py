@@ -135,13 +135,13 @@ class Row:
 
 @dataclass(frozen=True)
 class Rollout:
-    """One finished episode, token-exact: ``prompt_ids + completion_ids`` is what the sampler saw."""
+    """One finished episode, token-exact: its training ``rows``; each turn was sampled from a row's context."""
 
     seed: Seed
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    logprobs: list[float]
-    env_mask: list[int]
+    rows: tuple[Row, ...]
+    """The training rows, in turn order, never empty. ``history="sampled"``: one, holding every turn.
+    ``"deployed"``: one per turn whose context does not extend the previous row verbatim (turns share a row where it
+    does). An episode without a model turn has one placeholder row."""
     turns: tuple[Turn, ...]
     reward: float | None
     """``env.reward`` at the end; ``None`` when the episode failed or the model never acted."""
@@ -150,16 +150,64 @@ class Rollout:
     """For ``Ending.ERROR``: the error message and the last lines of its traceback."""
     info: dict[str, Any] = field(default_factory=dict)
     """Extra facts, e.g. ``placeholder=True`` when the completion is a single masked stand-in token."""
-    rows: tuple[Row, ...] = ()
-    """The training rows, in turn order, never empty. ``history="sampled"``: one, the rollout's own lists.
-    ``"deployed"``: one per turn whose context does not extend the previous row verbatim; the rollout's own lists
-    are the last row's. A ``Rollout`` built without rows (by hand) gets its own lists as its one row, holding every
-    turn."""
 
     def __post_init__(self) -> None:
         if not self.rows:
-            row = Row.of_turns(self.prompt_ids, self.completion_ids, self.logprobs, self.env_mask, self.turns)
-            object.__setattr__(self, "rows", (row,))
+            raise ConfigError(
+                "Rollout(rows=()): an episode has at least one training row; build rows with Row.of_turns(...), or "
+                "a one-row episode with Rollout.single(...)."
+            )
+
+    @classmethod
+    def single(
+        cls,
+        seed: Seed,
+        prompt_ids: list[int],
+        completion_ids: list[int],
+        logprobs: list[float],
+        env_mask: list[int],
+        turns: tuple[Turn, ...],
+        reward: float | None,
+        ending: Ending,
+        error: str = "",
+        info: dict[str, Any] | None = None,
+    ) -> Rollout:
+        """An episode of one row holding every turn (what ``history="sampled"`` gives), e.g. built by hand."""
+        row = Row.of_turns(prompt_ids, completion_ids, logprobs, env_mask, turns)
+        return cls(seed, (row,), turns, reward, ending, error, {} if info is None else info)
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        """The prompt of the episode's one row (see ``completion_ids``)."""
+        return self._only().prompt_ids
+
+    @property
+    def completion_ids(self) -> list[int]:
+        """The completion of the episode's one row: ``prompt_ids + completion_ids`` is what the sampler saw.
+
+        Raises:
+            ConfigError: for an episode of several rows (``history="deployed"``): read ``rows``.
+        """
+        return self._only().completion_ids
+
+    @property
+    def logprobs(self) -> list[float]:
+        """The logprobs of the episode's one row (see ``completion_ids``)."""
+        return self._only().logprobs
+
+    @property
+    def env_mask(self) -> list[int]:
+        """The env mask of the episode's one row (see ``completion_ids``)."""
+        return self._only().env_mask
+
+    def _only(self) -> Row:
+        if len(self.rows) != 1:
+            raise ConfigError(
+                f"this episode has {len(self.rows)} training rows (history='deployed' starts a row where the chat "
+                "template rewrote the history), so it has no single prompt_ids, completion_ids, logprobs or "
+                "env_mask: read rollout.rows (each Row has them, and its turns' spans)."
+            )
+        return self.rows[0]
 
     def spans(self) -> list[tuple[Row, list[Span]]]:
         """Each training row with the spans of its turns (``Row.spans``, as recorded when the row was built).
