@@ -35,7 +35,7 @@ from trl_env.integrations.trl_internals import TESTED_TRL_RANGE, reward_signatur
 from trl_env.isolation import isolated
 from trl_env.processors.base import Processor, check_processor
 from trl_env.rollout import Ending, History, Rollout, batch_rollout
-from trl_env.rollout.seated import play_seats
+from trl_env.rollout.seated import check_executor, play_seats
 from trl_env.rollout.transcripts import write_transcripts
 from trl_env.seats import Seating
 from trl_env.tools.additivity import RolloutCheck
@@ -142,9 +142,8 @@ def make_rollout_func(
     or as their flat keywords: ``make_rollout_func(Env, processor, max_turns=4, env_timeout=60)``.
 
     Args:
-        env_factory: builds a fresh env; called once per episode. A ``trl_env.seats.Seating`` plays a game of several
-            seats instead (docs/selfplay.md): every ``k`` consecutive prompts (``k`` seats the policy plays; make
-            ``num_generations`` a multiple of ``k``) are one game, each prompt one seat's episode.
+        env_factory: builds a fresh env; called once per episode. A ``trl_env.seats.Seating`` plays games of several
+            seats (docs/selfplay.md): ``k`` consecutive prompts (``k`` policy seats) are one game, one seat's each.
         processor: chat formatting for the model family (e.g. ``ChatMLProcessor()``).
         system_prompt: replaces the processor's ``system_prompt`` field.
         limits: ``Limits``: ``max_turns`` (8), ``max_new_tokens``, ``max_completion_tokens`` (default:
@@ -185,10 +184,8 @@ def make_rollout_func(
         processor = _with_system_prompt(processor, system_prompt)
     groups = {"limits": limits, "engine": engine, "backend": backend, "logging": logging}
     built = RolloutOptions.build(groups, options)
-    if built.engine.env_executor == "process":
-        if isinstance(env_factory, Seating):
-            raise ConfigError("env_executor='process' with a Seating: a game's seats share one game object; use "
-                              "env_executor='thread' (the default), or isolate what your SeatedEnv calls.")  # fmt: skip
+    check_executor(env_factory, built.engine.env_executor)
+    if built.engine.env_executor == "process" and not isinstance(env_factory, Seating):
         env_factory = isolated(env_factory, pool_size=built.engine.env_workers, memory_mb=built.engine.env_memory_mb)
     return RolloutFunction(env_factory, processor, built, credit=credit)
 

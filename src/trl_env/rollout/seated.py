@@ -19,7 +19,7 @@ from trl_env.rollout.engine import batch_rollout
 from trl_env.rollout.records import Ending, Rollout
 from trl_env.seats import Match, SeatEnv, Seating
 
-__all__ = ["play_seats", "seat_counts", "seat_rates"]
+__all__ = ["check_executor", "play_seats", "seat_counts", "seat_rates"]
 
 
 def play_seats(
@@ -77,6 +77,17 @@ def play_seats(
         for match in matches:
             match.leave(-1)
     return [r for g, match in enumerate(matches) for r in _settle(rollouts[g * k : g * k + k], match, seats, g)]
+
+
+def check_executor(env_factory: object, env_executor: str) -> None:
+    """Refuse ``env_executor="process"`` for a ``Seating``: a game's seats share one game object in one process.
+
+    Raises:
+        ConfigError: naming the fix.
+    """
+    if isinstance(env_factory, Seating) and env_executor == "process":
+        raise ConfigError("env_executor='process' with a Seating: a game's seats share one game object; use "
+                          "env_executor='thread' (the default), or isolate what your SeatedEnv calls.")  # fmt: skip
 
 
 def _settle(rollouts: list[Rollout], match: Match, seats: Sequence[int], game: int) -> list[Rollout]:

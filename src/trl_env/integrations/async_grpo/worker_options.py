@@ -21,6 +21,7 @@ from trl_env.integrations.options import (
     TranscriptKeywords,
 )
 from trl_env.processors.base import Processor, check_processor
+from trl_env.rollout.seated import check_executor
 from trl_env.seats import Seating
 
 logger = logging.getLogger(__name__)
@@ -84,9 +85,7 @@ def check_worker_args(
             "generator / base_url / lora_sync are make_rollout_func options; give the worker `generator=` (a "
             "VLLMServerGenerator or the server URL); the trainer itself syncs the LoRA adapter."
         )
-    if isinstance(env_factory, Seating) and built.engine.env_executor == "process":
-        raise ConfigError("env_executor='process' with a Seating: a game's seats share one game object; use "
-                          "env_executor='thread' (the default).")  # fmt: skip
+    check_executor(env_factory, built.engine.env_executor)
     if built.logging.check_template_every:
         raise ConfigError("check_template_every is not supported by the async worker; use make_rollout_func.")
     return built, estimator
