@@ -16,7 +16,7 @@ import trl_env
 
 ROOT = Path(__file__).parent.parent
 INTEGRATIONS = ["grpo", "options", "episode_trainer", "metrics", "async_grpo", "openenv", "textarena", "reasoning_gym"]
-INTEGRATIONS += ["textworld"]
+INTEGRATIONS += ["textworld", "verifiers"]
 
 
 def public_names(module_name: str) -> list[str]:

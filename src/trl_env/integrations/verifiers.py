@@ -40,11 +40,13 @@ if TYPE_CHECKING:
 __all__ = ["INSTALL_HINT", "TESTED_VERSION", "VerifiersProgram"]
 
 TESTED_VERSION = "0.4.0"
+"""The verifiers version this adapter is tested with (its worker protocol uses verifiers' 0.4 ``v1`` API)."""
 INSTALL_HINT = (
     "pip install 'trl-env[verifiers]' (verifiers==0.4.0 and uv) into a venv without OpenEnv, or run "
     "`bash scripts/install.sh`, which makes .venv-verifiers, and pass python='.venv-verifiers/bin/python' "
     "(or set TRL_ENV_VERIFIERS_PYTHON)"
 )
+"""How to install verifiers for this adapter; every ConfigError about a missing verifiers or ``uv`` says it."""
 WORKER = Path(__file__).with_name("verifiers_worker.py")
 
 
