@@ -29,7 +29,8 @@ from trl_env.errors import (
 )
 from trl_env.processors.base import check_processor, stop_token_ids
 from trl_env.rollout.coalescing import COALESCE_S, check_coalesce, coalesce_window
-from trl_env.rollout.episode import Calls, EnvText, Episode, Opened, Stepped, anchor_of, check_env_timeout
+from trl_env.rollout.episode import Calls, EnvText, Opened, Stepped, check_env_timeout
+from trl_env.rollout.episode_state import Episode, anchor_of
 from trl_env.rollout.history import DeployedHistory, History, as_history
 from trl_env.rollout.records import Budgets, Ending, Rollout, Turn
 from trl_env.rollout.workers import Workers, drain
