@@ -6,13 +6,14 @@ the group's other game (SPIRAL's role-conditioned advantages), so the zero-sum r
 ``EpisodeGRPOTrainer``; logged per seat: ``env/seat{0,1}/win_rate``, ``draw_rate``, ``loss_rate``,
 ``invalid_move_rate``. ``--save`` keeps the trained model for ``trl-env eval --seats`` against a random-move player.
 
-Hardware: a CPU (2 cores, ~1 h for 30 steps with SmolLM2-135M-Instruct) or a GPU with a vLLM server.
+Hardware: a CPU (2 cores shared with other jobs: SmolLM2 steps of 142-435 s, docs/selfplay.md) or a GPU with a
+          vLLM server. Whether self-play raises the win rate against random_move on SmolLM2 was not measured.
 Run:      python experiment/examples/selfplay_tictactoe.py --save                  # SmolLM2, offline
           python experiment/examples/selfplay_tictactoe.py --model tiny --steps 2  # smoke run, seconds
 Measure:  trl-env eval --env trl_env.integrations.textarena_seats:TextArenaGame --env-kwargs '{"game": "TicTacToe-v0"}'
             --seats policy,trl_env.integrations.textarena_seats:random_move --model outputs/selfplay_tictactoe/model
             --system-prompt "$(python -c 'import selfplay_tictactoe as s; print(s.SYSTEM_PROMPT)')" --n 200 ...
-          (and --seats random_move,policy for the other seat; docs/selfplay.md has the full commands and figures)
+          (and --seats random_move,policy for the other seat; docs/selfplay.md: full commands, what was measured)
 """
 
 from __future__ import annotations
