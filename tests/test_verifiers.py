@@ -4,8 +4,9 @@ The environments are real: a taskset and a multi-turn env built here (tests/vf_r
 tests/vf_dialogue_tasks.py) and verifiers' own bundled OpenEnv taskset against the OpenEnv echo server of
 experiment/examples. Their harness is verifiers' ``null`` chat program (a uv script, in verifiers' subprocess
 runtime); verifiers runs in .venv-verifiers (scripts/install.sh), since its mcp 2 pin breaks OpenEnv in .venv.
-The model is the real vLLM CPU server's OpenAI endpoint. Every reward is checked against the rubric recomputed from
-verifiers' record of the episode, and every answer in that record against the server itself (replayed with the same seed).
+The model is the real vLLM CPU server's OpenAI endpoint, then the gateway. Every reward is checked against the rubric
+recomputed from verifiers' record of the episode, and every answer against the server itself (a seeded replay, or the
+gateway's rows against what the server answered).
 """
 
 from __future__ import annotations
@@ -119,9 +120,12 @@ def test_taskset_built_here_scores_the_servers_replies_with_its_own_rubric(vf_py
         rewards = dict(zip(["q0", "q2"], asyncio.run(together()), strict=True))
         with pytest.raises(EnvError, match="names no task"):
             asyncio.run(reply(agent_run(vllm_server, "q9")))
+        unreachable = AgentRun(task="0", seed="0", base_url="http://127.0.0.1:9/v1", api_key="k", model="m")
+        with pytest.raises(EnvError, match="ProviderError"):  # verifiers' own account of the failed episode
+            asyncio.run(reply(unreachable))
     finally:
         reply.close()
-    for episode in episodes(tmp_path):
+    for episode in episodes(tmp_path)[:2]:  # the unreachable endpoint's episode is recorded last, without an answer
         (trace,) = episode["traces"]
         name = episode["task"]["data"]["name"]
         messages = conversation(trace)
@@ -150,16 +154,6 @@ def test_multi_turn_env_built_here_plays_every_turn_through_the_endpoint(vf_pyth
     assert reward == pytest.approx(vf_rubrics.dialogue_score(replies))
 
 
-def test_unreachable_model_endpoint_fails_the_episode_with_verifiers_reason(vf_python, vllm_server, tmp_path):
-    reply = program(vf_python, "vf_reply_tasks", tmp_path)
-    try:
-        run = AgentRun(task="0", seed="0", base_url="http://127.0.0.1:9/v1", api_key="k", model=vllm_server.model)
-        with pytest.raises(EnvError, match="ProviderError"):
-            asyncio.run(reply(run))
-    finally:
-        reply.close()
-
-
 def test_bundled_openenv_taskset_rewards_are_what_the_openenv_server_reported(vf_python, vllm_server, tmp_path):
     sys.path.insert(0, str(EXAMPLES))
     import openenv_echo
@@ -182,3 +176,46 @@ def test_bundled_openenv_taskset_rewards_are_what_the_openenv_server_reported(vf
     ((trace,),) = [episode["traces"] for episode in episodes(tmp_path)]
     sent = [m["content"].strip() for m in conversation(trace) if m["role"] == "assistant"]
     assert [step["action"] for step in steps] == sent[: len(steps)]
+
+
+# ---------------------------------------------------------------------------------------- through the gateway
+
+
+def test_multi_turn_env_through_the_gateway_rows_token_exact_and_rewards_the_rubrics(vf_python, vllm_server, tmp_path):
+    from test_agents_vllm import model_spans
+    from test_async_grpo import Recorder
+    from transformers import AutoTokenizer
+
+    from trl_env import Budgets, VLLMServerGenerator, batch_rollout
+    from trl_env.agents import agent_env_factory
+    from trl_env.processors import from_tokenizer
+    from trl_env.testing.templates import trl_templates
+
+    tok = AutoTokenizer.from_pretrained(vllm_server.model_dir)
+    tok.chat_template = trl_templates()["qwen2_5"]
+    recorder = Recorder()
+    gen = VLLMServerGenerator(vllm_server.base_url, model=vllm_server.model_dir, post=recorder, temperature=1.0)
+    dialogue = VerifiersProgram.from_taskset("vf_dialogue_tasks", python=vf_python, import_paths=[TESTS],
+                                             episodes=tmp_path / "episodes.jsonl")  # fmt: skip
+    try:
+        rollouts = batch_rollout(["0", "0", "say-words"], agent_env_factory(dialogue), from_tokenizer(tok), tok, gen,
+                                 budgets=Budgets(max_turns=4, max_new_tokens=12), parse_truncated_turns=True,
+                                 history="deployed", env_timeout=180)  # fmt: skip
+    finally:
+        dialogue.close()
+    assert all(r.ending.value != "error" for r in rollouts), [r.error for r in rollouts]
+    records = episodes(tmp_path)
+    replies = [record["traces"][0]["info"]["replies"] for record in records]
+    assert sorted(r.reward for r in rollouts) == pytest.approx(sorted(map(vf_rubrics.dialogue_score, replies)))
+    answered, sent = recorder.answered()
+    for r in rollouts:
+        assert len(r.turns) == vf_rubrics.TURNS == r.info["env"]["agent_calls"]
+        for row in r.rows:
+            for start, end in model_spans(row):
+                context = tuple(row.prompt_ids + row.completion_ids[:start])
+                sampled = (row.completion_ids[start:end], row.logprobs[start:end])
+                assert any((ids, lps) == sampled for ids, lps, _ in answered[context]), (r.seed, start)
+            assert all(row.logprobs[i] == 0.0 for i, m in enumerate(row.env_mask) if not m)
+    assert len(sent) == sum(len(r.turns) for r in rollouts)  # every server answer is a turn of one episode
+    said = sorted(turn.text.strip() for r in rollouts for turn in r.turns)  # what the env saw is what was sampled
+    assert said == sorted(reply for episode_replies in replies for reply in episode_replies)
