@@ -324,6 +324,14 @@ def test_a_server_gone_mid_run_ends_the_rollout_with_errors_naming_the_url_in_bo
     assert len(gone) == 32 and all(proxy.url in r.error and "failed 3 times" in r.error for r in gone)
 
 
+def kill_after_served(proxy: FaultProxy, n: int, deadline_s: float = 120.0) -> None:
+    """Kill ``proxy`` once it has forwarded ``n`` completion requests (or after ``deadline_s``)."""
+    deadline = time.monotonic() + deadline_s
+    while proxy.forwarded < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proxy.kill()
+
+
 def test_a_data_parallel_server_gone_mid_run_costs_no_episode_its_turns_go_to_the_live_one(
     vllm_server, vllm_tiny_model
 ):
@@ -331,9 +339,14 @@ def test_a_data_parallel_server_gone_mid_run_costs_no_episode_its_turns_go_to_th
 
     tokenizer = AutoTokenizer.from_pretrained(vllm_tiny_model)
     with FaultProxy(vllm_server.base_url, {}) as doomed, FaultProxy(vllm_server.base_url, {}) as live:
-        gen = VLLMServerGenerator([doomed.url, live.url], retries=2, backoff=0.1, timeout=5, max_batch=4)
-        threading.Timer(1.0, doomed.kill).start()  # one of the two servers disappears after 1 s
+        # A generous timeout: the live server is slow on a loaded machine, and a read timeout there on top of the
+        # dead server is a second fault, not this test's. The doomed one goes once it has served (not after a
+        # fixed time, which a loaded machine can spend before the first request).
+        gen = VLLMServerGenerator([doomed.url, live.url], retries=2, backoff=0.1, timeout=120, max_batch=4)
+        killer = threading.Thread(target=kill_after_served, args=(doomed, 4))
+        killer.start()
         rollouts = slow_rollouts(tokenizer, gen, TwelveSteps, 6000)
+        killer.join()
     check_rows(rollouts)
     assert doomed.dead and doomed.forwarded > 0 and live.forwarded > doomed.forwarded  # both served, then one
     assert [r.error for r in rollouts if r.error] == []
