@@ -5,14 +5,22 @@ Qwen 2.5 tokenizer and template (ChatML replies) and Qwen 3's (replies that reas
 ``src/trl_env/rollout/history.py`` at ``--before`` (default 7b6fd20, before issue 32 item 4) loaded as a module and put in the engine's place.
 Client time = process CPU time of ``batch_rollout``, best of ``--repeat``. Run:
 ``python benchmarks/history_figures.py --cost 10 40 100 [--before REV] [--repeat 3]``.
+
+``--against REV``: instead, the whole of ``src/`` at ``REV`` (``git archive``) against the working tree, side by side
+in one run: for each template and length, one child process per side (``PYTHONPATH`` = that side's ``src``), run
+alternately, each timing sampled and deployed runs alternately and keeping the best of ``--repeat`` of each.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import io
+import json
+import os
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -88,18 +96,63 @@ def client_seconds(tokenizer, processor, reply: str, turns: int, history: str, r
     return best / EPISODES
 
 
+CASES = (("Qwen 2.5 (ChatML)", "pypi:qwen2_5", "qwen2_5", "7"),
+         ("Qwen 3, replies that reason", "pypi:qwen3", "qwen3",
+          "<think>\nThe middle of what is left is the next guess, so 7.\n</think>\n\n7"))  # fmt: skip
+
+
+def cell(case: int, turns: int, repeat: int) -> dict[str, float]:
+    """Client seconds per episode of sampled and deployed, runs alternating, best of ``repeat`` each (in a child)."""
+    _, name, proc, reply = CASES[case]
+    tokenizer, processor = load_tokenizer(name), get_processor(proc)
+    text = reply + processor.stop_strings[0]
+    for warm in ("sampled", "deployed"):
+        client_seconds(tokenizer, processor, text, 2, warm, 1)
+    best = {"sampled": float("inf"), "deployed": float("inf")}
+    for _ in range(repeat):
+        for history in best:
+            best[history] = min(best[history], client_seconds(tokenizer, processor, text, turns, history, 1))
+    return best
+
+
+def against(rev: str, turns_list: list[int], repeat: int) -> None:
+    """``src/`` at ``rev`` against the working tree's, side by side (see the module docstring)."""
+    tar = subprocess.run(["git", "archive", "--format=tar", rev, "src"], cwd=ROOT, check=True, capture_output=True)
+    old = Path(tempfile.mkdtemp())
+    with tarfile.open(fileobj=io.BytesIO(tar.stdout)) as archive:
+        archive.extractall(old, filter="data")
+    sides = {rev: old / "src", "now": ROOT / "src"}
+
+    def run(src: Path, case: int, turns: int) -> dict[str, float]:
+        env = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{ROOT / 'tests'}"}
+        out = subprocess.run([sys.executable, __file__, "--cell", str(case), str(turns), str(repeat)], env=env,
+                             check=True, capture_output=True, text=True).stdout  # fmt: skip
+        return json.loads(out.strip().splitlines()[-1])
+
+    print(f"client ms per episode ({EPISODES} episodes, 1 env worker, best of {repeat}); src at {rev} vs now")
+    print(f"{'template':28} {'turns':>5} | {'sampled':>8} {'deployed':>8} {'ratio':>6} | {'sampled':>8} {'deployed':>8} "
+          f"{'ratio':>6}")  # fmt: skip
+    for case, (label, *_) in enumerate(CASES):
+        for turns in turns_list:
+            got = {side: run(src, case, turns) for side, src in sides.items()}
+            cols = [f"{got[s]['sampled'] * 1e3:8.1f} {got[s]['deployed'] * 1e3:8.1f} "
+                    f"{got[s]['deployed'] / got[s]['sampled']:5.2f}x" for s in sides]  # fmt: skip
+            print(f"{label:28} {turns:5d} | {cols[0]} | {cols[1]}", flush=True)
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("turns", nargs="*", type=int, default=[10, 40, 100])
     parser.add_argument("--before", default="7b6fd20")
+    parser.add_argument("--against", default=None, help="a git revision whose whole src/ is measured beside now")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args(argv)
+    if args.against is not None:
+        return against(args.against, args.turns, args.repeat)
     import trl_env.rollout.engine as engine
 
     now, before = engine.DeployedHistory, history_before(args.before)
-    cases = (("Qwen 2.5 (ChatML)", "pypi:qwen2_5", "qwen2_5", "7"),
-             ("Qwen 3, replies that reason", "pypi:qwen3", "qwen3",
-              "<think>\nThe middle of what is left is the next guess, so 7.\n</think>\n\n7"))  # fmt: skip
+    cases = CASES
     print(f"client ms per episode ({EPISODES} episodes, 1 env worker); deployed before = {args.before}")
     print(f"{'template':28} {'turns':>5} {'sampled':>8} {'before':>8} {'now':>8} {'before/s':>8} {'now/s':>6}")
     for label, name, proc, reply in cases:
@@ -117,3 +170,7 @@ def main(argv: list[str]) -> None:
             new = client_seconds(tokenizer, processor, text, turns, "deployed", args.repeat)
             print(f"{label:28} {turns:5d} {sampled * 1e3:8.1f} {old * 1e3:8.1f} {new * 1e3:8.1f} "
                   f"{old / sampled:7.1f}x {new / sampled:5.1f}x", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--cell"]:  # a child of --against
+    print(json.dumps(cell(*map(int, sys.argv[2:5]))))
