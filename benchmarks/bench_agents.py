@@ -1,0 +1,268 @@
+"""The same 4-turn task as an ``Env`` and as an openai-SDK agent through the gateway, side by side (issue 33 item 2).
+
+One real vLLM CPU server (the tiny model; ``--url`` reuses a running one). Both paths run ``batch_rollout`` with
+``history="deployed"``, the same ``VLLMServerGenerator``, the same budgets and ``env_workers``:
+
+* ``env``: ``_common.BenchEnv`` (4 turns, plain observations) written as an ``Env``;
+* ``agent``: the same task as an agent program on the real ``openai`` SDK (``run.openai()``), one
+  ``chat.completions.create`` per turn, through the process's gateway (``agent_env_factory``).
+
+Every turn samples exactly ``--tokens`` tokens (``ignore_eos``; cut turns go on: ``parse_truncated_turns=True``), so
+both paths ask the server for the same work. Repetitions are interleaved in shuffled order after a warm-up.
+
+Printed per N: wall time of each path, the ratio agent/env (target <= 1.15x), the server's completion requests
+(counted by a ``post`` wrapper around the generator's HTTP calls) and prompts per request, so requests per turn
+(requests / (N x turns): 1/N would be one batched request per turn level), and the gateway's added latency per call:
+for each call, the agent's client-side time around ``create`` minus the time the engine held that turn (from
+``AgentEnv.reset``/``step`` returning the call to the engine, to the engine's next ``step`` handing it the sampled
+reply: rendering, queueing, generation, parsing). What is left is: the openai SDK building and sending the request,
+the gateway reading and validating it and handing it to the waiting env worker, and, on the way back, the gateway
+building the response, the SDK reading and parsing it (loopback HTTP both ways).
+
+    python benchmarks/bench_agents.py --episodes 64 256 --repeat 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import random
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import _common as C
+import requests
+
+from trl_env import Budgets, Ending, VLLMServerGenerator, batch_rollout
+from trl_env.agents import AgentEnv, agent_env_factory
+from trl_env.agents.run import AgentRun
+
+PATHS = ("env", "agent")
+_client_times: dict[str, list[tuple[float, float]]] = {}
+_client_lock = threading.Lock()
+TURNS = [4]  # set by main: the program's number of calls
+
+
+def agent_program(run: AgentRun) -> float:
+    """``BenchEnv``'s task (4 turns, the same observations) on the openai SDK; records each call's client time."""
+    client = run.openai(max_retries=0, timeout=600)
+    turns = TURNS[0]
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": f"Episode {run.seed}. Say anything; this game lasts {turns} turns."}
+    ]
+    times = []
+    for turn in range(1, turns + 1):
+        t0 = time.perf_counter()
+        answer = client.chat.completions.create(model=run.model, messages=messages).choices[0].message  # type: ignore[arg-type]
+        times.append((t0, time.perf_counter()))
+        messages.append(answer.model_dump(exclude_none=True))
+        if turn < turns:
+            messages.append({"role": "user", "content": f"Turn {turn} noted. Next."})
+    with _client_lock:
+        _client_times[run.seed] = times
+    client.close()
+    return float(turns)
+
+
+class TimedAgentEnv(AgentEnv):
+    """``AgentEnv`` recording, per call, when the engine got it and when the engine answered it (``info["spans"]``)."""
+
+    def reset(self, seed):  # type: ignore[no-untyped-def]
+        out = super().reset(seed)
+        self.info["seed"], self.info["spans"] = seed, [[time.perf_counter(), None]]
+        return out
+
+    def step(self, action):  # type: ignore[no-untyped-def]
+        self.info["spans"][-1][1] = time.perf_counter()
+        out = super().step(action)
+        if self.alive:
+            self.info["spans"].append([time.perf_counter(), None])
+        return out
+
+
+class CountingPost:
+    """The generator's ``post``: a pooled ``requests`` session, counting completion requests and their prompts."""
+
+    def __init__(self, pool: int) -> None:
+        self.session = requests.Session()
+        adapter = requests.adapters.HTTPAdapter(pool_connections=1, pool_maxsize=pool)
+        self.session.mount("http://", adapter)
+        self.requests = self.prompts = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, url: str, json: dict, timeout: float) -> Any:
+        if url.endswith("/v1/completions"):
+            with self.lock:
+                self.requests += 1
+                self.prompts += len(json["prompt"]) if isinstance(json["prompt"][0], list) else 1
+        return self.session.post(url, json=json, timeout=timeout)
+
+    def take(self) -> tuple[int, int]:
+        with self.lock:
+            out, self.requests, self.prompts = (self.requests, self.prompts), 0, 0
+            return out
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (nearest rank) of ``values``."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
+
+
+def check(rollouts: list, n: int, turns: int) -> None:
+    bad = [r for r in rollouts if r.ending not in (Ending.ENV_DONE, Ending.MAX_TURNS) or len(r.turns) != turns]
+    if bad or len(rollouts) != n:
+        raise RuntimeError(f"{len(bad)} bad episodes of {len(rollouts)}, e.g. {bad[0].ending} {bad[0].error[:500]}")
+
+
+def added_latency(rollouts: list) -> tuple[list[float], list[float], list[float]]:
+    """Per call: (client time - engine time, client time, engine time), matched by episode and call order."""
+    added, client, engine = [], [], []
+    for r in rollouts:
+        info = r.info["env"]
+        calls = _client_times.pop(info["seed"])
+        spans = info["spans"]
+        if len(calls) != len(spans) or any(s[1] is None for s in spans):
+            raise RuntimeError(f"episode {info['seed']}: {len(calls)} client calls, spans {spans}")
+        for (t0, t1), (got, answered) in zip(calls, spans, strict=True):
+            client.append(t1 - t0)
+            engine.append(answered - got)
+            added.append((t1 - t0) - (answered - got))
+    return added, client, engine
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--episodes", type=int, nargs="+", default=None, help="concurrent episodes (default 64 256)")
+    parser.add_argument("--repeat", type=int, default=None, help="timed repetitions per (path, N) (default 3)")
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=16, help="sampled tokens per turn (exactly)")
+    parser.add_argument("--env-workers", type=int, default=16, help="batch_rollout's env_workers (its default: 16)")
+    parser.add_argument("--quick", action="store_true", help="4 episodes x 2 turns, one repetition: a smoke test")
+    parser.add_argument("--out", default=None, help="results folder (default benchmarks/results/agents)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the interleaving order")
+    parser.add_argument("--url", "--base-url", dest="base_url", default=None, help="reuse this running vLLM server")
+    parser.add_argument("--server-omp", choices=sorted(C.SERVER_OMP), default="1",
+                        help="OpenMP threads of a fresh server (see _common.SERVER_OMP)")  # fmt: skip
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.turns, args.tokens = min(args.turns, 2), min(args.tokens, 8)
+    sizes = args.episodes or ([4] if args.quick else [64, 256])
+    reps = args.repeat or (1 if args.quick else 3)
+    out = Path(args.out) if args.out else C.RESULTS_DIR / "agents"
+    out.mkdir(parents=True, exist_ok=True)
+    notes = C.machine_notes()
+    TURNS[0] = args.turns
+
+    from transformers import AutoTokenizer
+
+    from trl_env.processors import from_tokenizer
+    from trl_env.testing.templates import trl_templates
+
+    with C.vllm_server(args.base_url, extra_args=["--no-enable-prefix-caching"], omp=args.server_omp) as (
+        base_url,
+        model_dir,
+    ):
+        server = C.server_config(base_url)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        tokenizer.chat_template = trl_templates()["qwen2_5"]  # ChatML, as tests/test_agents_vllm.py
+        processor = from_tokenizer(tokenizer)
+        counter = CountingPost(64)
+        extra = {"ignore_eos": True, "stop_token_ids": []}  # every turn exactly --tokens long
+        gen = VLLMServerGenerator(base_url, model=model_dir, temperature=1.0, extra_body=extra, post=counter)
+        budgets = Budgets(max_turns=args.turns, max_new_tokens=args.tokens, max_completion_tokens=4096)
+        agent_env_factory(agent_program)  # its checks (the agents extra)
+        factories = {"env": C.EnvFactory(args.turns), "agent": functools.partial(TimedAgentEnv, agent_program)}
+
+        def run(path: str, n: int) -> dict[str, Any]:
+            seeds = [f"{n}-{i}" for i in range(n)]
+            counter.take()
+            cpu0, t0 = time.process_time(), time.perf_counter()
+            rollouts = batch_rollout(seeds, factories[path], processor, tokenizer, gen, budgets=budgets,
+                                     parse_truncated_turns=True, env_workers=args.env_workers,
+                                     history="deployed")  # fmt: skip
+            wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+            check(rollouts, n, args.turns)
+            reqs, prompts = counter.take()
+            result = dict(wall=wall, cpu=cpu, requests=reqs, prompts=prompts)
+            if path == "agent":
+                result["added"], result["client"], result["engine"] = added_latency(rollouts)
+            return result
+
+        t_start = time.perf_counter()
+        for n in sizes:  # warm-up: each path once per size
+            for path in PATHS:
+                run(path, n)
+        print(f"[warm-up] {time.perf_counter() - t_start:.0f} s", file=sys.stderr)
+        order = [(path, n) for n in sizes for path in PATHS for _ in range(reps)]
+        random.Random(args.seed).shuffle(order)
+        results: dict[tuple[str, int], list[dict[str, Any]]] = {key: [] for key in order}
+        for i, (path, n) in enumerate(order):
+            results[(path, n)].append(run(path, n))
+            last = results[(path, n)][-1]
+            print(f"[{i + 1}/{len(order)}] {path} N={n}: {last['wall']:.2f} s, {last['requests']} requests",
+                  file=sys.stderr)  # fmt: skip
+        total = time.perf_counter() - t_start
+
+    text = report(results, sizes, reps, args, notes, server, total)
+    print(text)
+    (out / "bench_agents.md").write_text(text + "\n")
+    C.save_json(out / "bench_agents.json", dict(
+        args=vars(args), notes=notes, server=server, total_s=total,
+        runs={f"{path} {n}": [{k: v for k, v in r.items() if k not in ("added", "client", "engine")} for r in rs]
+              for (path, n), rs in results.items()},
+        latency_ms={str(n): {q: percentile([x for r in results[("agent", n)] for x in r[key]], p) * 1e3
+                             for key in ("added", "client", "engine") for q, p in ((f"{key} p50", 50), (f"{key} p99", 99))}
+                    for n in sizes},
+    ))  # fmt: skip
+    return 0
+
+
+def report(results: dict, sizes: list[int], reps: int, args: argparse.Namespace, notes: str, server: dict,
+           total: float) -> str:  # fmt: skip
+    lines = [
+        "## bench_agents" + (" (quick)" if args.quick else ""),
+        "",
+        f"Machine: {notes}. Server: {server}. {reps} timed repetitions per (path, N) after a warm-up, interleaved in "
+        f"shuffled order; total {total:.0f} s. Workload: N concurrent episodes x {args.turns} turns x exactly "
+        f"{args.tokens} sampled tokens, history='deployed', env_workers={args.env_workers}, one VLLMServerGenerator.",
+        "",
+        "| N | env wall s | agent wall s | agent / env (target <= 1.15) | requests per turn, env | requests per turn, "
+        "agent | prompts per request, env / agent | client CPU s, env / agent |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for n in sizes:
+        env, agent = results[("env", n)], results[("agent", n)]
+        ratios = [a["wall"] / e["wall"] for e, a in zip(env, agent, strict=True)]
+        ratio = statistics.median(a["wall"] for a in agent) / statistics.median(e["wall"] for e in env)
+        per_turn = {p: [r["requests"] / (n * args.turns) for r in results[(p, n)]] for p in PATHS}
+        per_req = {p: statistics.median(r["prompts"] / r["requests"] for r in results[(p, n)]) for p in PATHS}
+        lines.append(
+            f"| {n} | {C.fmt_range([r['wall'] for r in env])} | {C.fmt_range([r['wall'] for r in agent])} | "
+            f"{ratio:.2f} (pairs {min(ratios):.2f}-{max(ratios):.2f}) | {C.fmt_range(per_turn['env'], 3)} | "
+            f"{C.fmt_range(per_turn['agent'], 3)} | {per_req['env']:.1f} / {per_req['agent']:.1f} | "
+            f"{statistics.median(r['cpu'] for r in env):.1f} / {statistics.median(r['cpu'] for r in agent):.1f} |"
+        )
+    lines += [
+        "",
+        "Gateway added latency per call (ms; every call of every timed agent run): client time around "
+        "`create` minus the time the engine held the turn.",
+        "",
+        "| N | calls | added p50 | added p99 | client call p50 | client call p99 | engine turn p50 | engine turn p99 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for n in sizes:
+        agent = results[("agent", n)]
+        vals = {key: [x * 1e3 for r in agent for x in r[key]] for key in ("added", "client", "engine")}
+        cells = [f"{percentile(vals[k], q):.1f}" for k in ("added", "client", "engine") for q in (50, 99)]
+        lines.append(f"| {n} | {len(vals['added'])} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
