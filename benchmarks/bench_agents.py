@@ -5,7 +5,10 @@ One real vLLM CPU server (the tiny model; ``--url`` reuses a running one). Both 
 
 * ``env``: ``_common.BenchEnv`` (4 turns, plain observations) written as an ``Env``;
 * ``agent``: the same task as an agent program on the real ``openai`` SDK (``run.openai()``), one
-  ``chat.completions.create`` per turn, through the process's gateway (``agent_env_factory``).
+  ``chat.completions.create`` per turn, through the process's gateway (``agent_env_factory``), a fresh
+  ``openai.OpenAI`` per episode (``run.openai()``, as an unmodified program does);
+* ``agent-shared``: the same program given one ``httpx.Client`` for every episode (``run.openai(http_client=...)``):
+  each ``openai.OpenAI`` otherwise builds its own httpx client and SSL context (~58 ms of CPU on this machine).
 
 Every turn samples exactly ``--tokens`` tokens (``ignore_eos``; cut turns go on: ``parse_truncated_turns=True``), so
 both paths ask the server for the same work. Repetitions are interleaved in shuffled order after a warm-up.
@@ -42,15 +45,15 @@ from trl_env import Budgets, Ending, VLLMServerGenerator, batch_rollout
 from trl_env.agents import AgentEnv, agent_env_factory
 from trl_env.agents.run import AgentRun
 
-PATHS = ("env", "agent")
+PATHS = ("env", "agent", "agent-shared")
 _client_times: dict[str, list[tuple[float, float]]] = {}
 _client_lock = threading.Lock()
 TURNS = [4]  # set by main: the program's number of calls
 
 
-def agent_program(run: AgentRun) -> float:
+def agent_program(run: AgentRun, http_client: Any = None) -> float:
     """``BenchEnv``'s task (4 turns, the same observations) on the openai SDK; records each call's client time."""
-    client = run.openai(max_retries=0, timeout=600)
+    client = run.openai(max_retries=0, timeout=600, **({"http_client": http_client} if http_client else {}))
     turns = TURNS[0]
     messages: list[dict[str, Any]] = [
         {"role": "user", "content": f"Episode {run.seed}. Say anything; this game lasts {turns} turns."}
@@ -65,8 +68,24 @@ def agent_program(run: AgentRun) -> float:
             messages.append({"role": "user", "content": f"Turn {turn} noted. Next."})
     with _client_lock:
         _client_times[run.seed] = times
-    client.close()
+    if http_client is None:
+        client.close()
     return float(turns)
+
+
+_shared_http: list[Any] = []
+
+
+def shared_client_program(run: AgentRun) -> float:
+    """``agent_program`` with one ``httpx.Client`` for every episode (``run.openai(http_client=...)``): building an
+    ``openai.OpenAI`` makes its own httpx client and SSL context, ~58 ms of CPU each on this machine."""
+    with _client_lock:
+        if not _shared_http:
+            import httpx
+
+            limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
+            _shared_http.append(httpx.Client(limits=limits, timeout=600))
+    return agent_program(run, _shared_http[0])
 
 
 class TimedAgentEnv(AgentEnv):
@@ -177,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         gen = VLLMServerGenerator(base_url, model=model_dir, temperature=1.0, extra_body=extra, post=counter)
         budgets = Budgets(max_turns=args.turns, max_new_tokens=args.tokens, max_completion_tokens=4096)
         agent_env_factory(agent_program)  # its checks (the agents extra)
-        factories = {"env": C.EnvFactory(args.turns), "agent": functools.partial(TimedAgentEnv, agent_program)}
+        factories = {"env": C.EnvFactory(args.turns), "agent": functools.partial(TimedAgentEnv, agent_program),
+                     "agent-shared": functools.partial(TimedAgentEnv, shared_client_program)}  # fmt: skip
 
         def run(path: str, n: int) -> dict[str, Any]:
             seeds = [f"{n}-{i}" for i in range(n)]
@@ -190,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             check(rollouts, n, args.turns)
             reqs, prompts = counter.take()
             result = dict(wall=wall, cpu=cpu, requests=reqs, prompts=prompts)
-            if path == "agent":
+            if path != "env":
                 result["added"], result["client"], result["engine"] = added_latency(rollouts)
             return result
 
@@ -216,51 +236,59 @@ def main(argv: list[str] | None = None) -> int:
         args=vars(args), notes=notes, server=server, total_s=total,
         runs={f"{path} {n}": [{k: v for k, v in r.items() if k not in ("added", "client", "engine")} for r in rs]
               for (path, n), rs in results.items()},
-        latency_ms={str(n): {q: percentile([x for r in results[("agent", n)] for x in r[key]], p) * 1e3
-                             for key in ("added", "client", "engine") for q, p in ((f"{key} p50", 50), (f"{key} p99", 99))}
-                    for n in sizes},
+        latency_ms={f"{path} {n}" if path != "agent" else str(n): {
+            q: percentile([x for r in results[(path, n)] for x in r[key]], p) * 1e3
+            for key in ("added", "client", "engine") for q, p in ((f"{key} p50", 50), (f"{key} p99", 99))}
+            for n in sizes for path in PATHS[1:]},
     ))  # fmt: skip
     return 0
 
 
 def report(results: dict, sizes: list[int], reps: int, args: argparse.Namespace, notes: str, server: dict,
            total: float) -> str:  # fmt: skip
+    """The markdown tables: one row per (N, path) with its ratio to the env path, then the latency per call."""
     lines = [
         "## bench_agents" + (" (quick)" if args.quick else ""),
         "",
         f"Machine: {notes}. Server: {server}. {reps} timed repetitions per (path, N) after a warm-up, interleaved in "
         f"shuffled order; total {total:.0f} s. Workload: N concurrent episodes x {args.turns} turns x exactly "
-        f"{args.tokens} sampled tokens, history='deployed', env_workers={args.env_workers}, one VLLMServerGenerator.",
+        f"{args.tokens} sampled tokens, history='deployed', env_workers={args.env_workers}, one VLLMServerGenerator. "
+        "agent: a fresh `openai.OpenAI` per episode (`run.openai()`); agent-shared: the same program given one "
+        "`httpx.Client` for all episodes (`run.openai(http_client=...)`).",
         "",
-        "| N | env wall s | agent wall s | agent / env (target <= 1.15) | requests per turn, env | requests per turn, "
-        "agent | prompts per request, env / agent | client CPU s, env / agent |",
-        "|---|---|---|---|---|---|---|---|",
+        "| N | path | wall s, median (min-max) | / env (target <= 1.15) | completion requests per turn | prompts per "
+        "request | client CPU s |",
+        "|---|---|---|---|---|---|---|",
     ]
     for n in sizes:
-        env, agent = results[("env", n)], results[("agent", n)]
-        ratios = [a["wall"] / e["wall"] for e, a in zip(env, agent, strict=True)]
-        ratio = statistics.median(a["wall"] for a in agent) / statistics.median(e["wall"] for e in env)
-        per_turn = {p: [r["requests"] / (n * args.turns) for r in results[(p, n)]] for p in PATHS}
-        per_req = {p: statistics.median(r["prompts"] / r["requests"] for r in results[(p, n)]) for p in PATHS}
-        lines.append(
-            f"| {n} | {C.fmt_range([r['wall'] for r in env])} | {C.fmt_range([r['wall'] for r in agent])} | "
-            f"{ratio:.2f} (pairs {min(ratios):.2f}-{max(ratios):.2f}) | {C.fmt_range(per_turn['env'], 3)} | "
-            f"{C.fmt_range(per_turn['agent'], 3)} | {per_req['env']:.1f} / {per_req['agent']:.1f} | "
-            f"{statistics.median(r['cpu'] for r in env):.1f} / {statistics.median(r['cpu'] for r in agent):.1f} |"
-        )
+        env_wall = statistics.median(r["wall"] for r in results[("env", n)])
+        for path in PATHS:
+            runs = results[(path, n)]
+            ratio = statistics.median(r["wall"] for r in runs) / env_wall
+            per_turn = [r["requests"] / (n * args.turns) for r in runs]
+            per_req = statistics.median(r["prompts"] / r["requests"] for r in runs)
+            lines.append(
+                f"| {n} | {path} | {C.fmt_range([r['wall'] for r in runs])} | "
+                f"{'' if path == 'env' else f'**{ratio:.2f}**'} | {C.fmt_range(per_turn, 3)} | {per_req:.1f} | "
+                f"{statistics.median(r['cpu'] for r in runs):.1f} |"
+            )
     lines += [
         "",
-        "Gateway added latency per call (ms; every call of every timed agent run): client time around "
-        "`create` minus the time the engine held the turn.",
+        "Requests per turn: the generator's `POST /v1/completions` requests / (N x turns); 1/N would be one batched "
+        "request per turn level. Gateway added latency per call (ms, every call of every timed run): the agent's "
+        "client time around `create` minus the time the engine held the turn (from `AgentEnv.reset`/`step` "
+        "returning the call to the next `step` receiving the sampled reply).",
         "",
-        "| N | calls | added p50 | added p99 | client call p50 | client call p99 | engine turn p50 | engine turn p99 |",
-        "|---|---|---|---|---|---|---|---|",
+        "| N | path | calls | added p50 | added p99 | client call p50 | client call p99 | engine turn p50 | "
+        "engine turn p99 |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for n in sizes:
-        agent = results[("agent", n)]
-        vals = {key: [x * 1e3 for r in agent for x in r[key]] for key in ("added", "client", "engine")}
-        cells = [f"{percentile(vals[k], q):.1f}" for k in ("added", "client", "engine") for q in (50, 99)]
-        lines.append(f"| {n} | {len(vals['added'])} | " + " | ".join(cells) + " |")
+        for path in PATHS[1:]:
+            runs = results[(path, n)]
+            vals = {key: [x * 1e3 for r in runs for x in r[key]] for key in ("added", "client", "engine")}
+            cells = [f"{percentile(vals[k], q):.1f}" for k in ("added", "client", "engine") for q in (50, 99)]
+            lines.append(f"| {n} | {path} | {len(vals['added'])} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
