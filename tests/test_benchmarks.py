@@ -55,6 +55,21 @@ def test_bench_scheduling_quick_against_vllm(vllm_server, tmp_path):
         assert f"| {variant} |" in text
 
 
+def test_bench_agents_quick_env_and_agent_side_by_side_against_vllm(vllm_server, tmp_path):
+    """Issue 33 item 2's benchmark: the same task as an Env and as an openai-SDK agent through the gateway."""
+    env = {**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "bench_agents.py"), "--quick", "--out", str(tmp_path), "--url",
+         vllm_server.base_url],
+        capture_output=True, text=True, timeout=120, cwd=REPO, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    assert "| 4 | " in proc.stdout and "added p50" in proc.stdout, proc.stdout
+    saved = json.loads((tmp_path / "bench_agents.json").read_text())
+    assert [r["requests"] >= 1 for r in saved["runs"]["agent 4"]] == [True]
+    assert saved["latency_ms"]["4"]["added p50"] > 0.0
+
+
 def test_bench_async_quick_sync_against_async_trainer(vllm_server, tmp_path):
     """Sync GRPOTrainer + rollout_func against AsyncGRPOTrainer + the trl-env worker (own LoRA server)."""
     text = run_quick("bench_async.py", tmp_path, timeout=420)
