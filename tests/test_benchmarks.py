@@ -5,8 +5,9 @@ work. bench_scheduling runs against the session's real vLLM server fixture (skip
 TRL_ENV_REQUIRE_VLLM=1); bench_scale's --quick mode uses its local stand-in server and bench_turn_cost needs
 no server, so both run everywhere. bench_async starts its own vLLM server with LoRA enabled (it needs the
 trainer's adapter sync), so it needs .venv-vllm too. bench_credit trains the tiny model in process (no server).
-bench_sandbox needs what the sandbox needs (Linux, bubblewrap, root or user namespaces) and the git history (it
-extracts the sandbox at 37d30fd with git archive); it is skipped without them.
+bench_agents runs against the session's vLLM server too. bench_sandbox needs what the sandbox needs (Linux,
+bubblewrap, root or user namespaces) and the git history (it extracts the sandbox at 37d30fd with git archive); it is
+skipped without them.
 """
 
 from __future__ import annotations
