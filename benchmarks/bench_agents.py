@@ -45,9 +45,10 @@ from trl_env import Budgets, Ending, VLLMServerGenerator, batch_rollout
 from trl_env.agents import AgentEnv, agent_env_factory
 from trl_env.agents.run import AgentRun
 
-PATHS = ("env", "agent", "agent-shared")
+PATHS = ["env", "agent", "agent-shared"]
 _client_times: dict[str, list[tuple[float, float]]] = {}
 _client_lock = threading.Lock()
+_errors: list[str] = []
 TURNS = [4]  # set by main: the program's number of calls
 
 
@@ -61,7 +62,14 @@ def agent_program(run: AgentRun, http_client: Any = None) -> float:
     times = []
     for turn in range(1, turns + 1):
         t0 = time.perf_counter()
-        answer = client.chat.completions.create(model=run.model, messages=messages).choices[0].message  # type: ignore[arg-type]
+        try:
+            answer = client.chat.completions.create(model=run.model, messages=messages).choices[0].message  # type: ignore[arg-type]
+        except Exception as e:  # recorded for the error message (the SDK's own hides its cause)
+            with _client_lock:
+                _errors.append(
+                    f"call {turn}: {type(e).__name__}: {e}; cause {type(e.__cause__).__name__}: {e.__cause__}"
+                )
+            raise
         times.append((t0, time.perf_counter()))
         messages.append(answer.model_dump(exclude_none=True))
         if turn < turns:
@@ -133,10 +141,11 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
 
 
-def check(rollouts: list, n: int, turns: int) -> None:
+def check(rollouts: list, n: int, turns: int, path: str) -> None:
     bad = [r for r in rollouts if r.ending not in (Ending.ENV_DONE, Ending.MAX_TURNS) or len(r.turns) != turns]
     if bad or len(rollouts) != n:
-        raise RuntimeError(f"{len(bad)} bad episodes of {len(rollouts)}, e.g. {bad[0].ending} {bad[0].error[:500]}")
+        raise RuntimeError(f"{path} N={n}: {len(bad)} bad episodes of {len(rollouts)}, e.g. {bad[0].ending} "
+                           f"{bad[0].error[:500]}; client errors: {_errors[:5]}")  # fmt: skip
 
 
 def added_latency(rollouts: list) -> tuple[list[float], list[float], list[float]]:
@@ -162,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=16, help="sampled tokens per turn (exactly)")
     parser.add_argument("--env-workers", type=int, default=16, help="batch_rollout's env_workers (its default: 16)")
+    parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS), help="which paths (env first)")
     parser.add_argument("--quick", action="store_true", help="4 episodes x 2 turns, one repetition: a smoke test")
     parser.add_argument("--out", default=None, help="results folder (default benchmarks/results/agents)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the interleaving order")
@@ -176,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else C.RESULTS_DIR / "agents"
     out.mkdir(parents=True, exist_ok=True)
     notes = C.machine_notes()
+    if args.paths[0] != "env":
+        parser.error("--paths: the env path comes first (the ratios are to it)")
+    PATHS[:] = args.paths
     TURNS[0] = args.turns
 
     from transformers import AutoTokenizer
@@ -207,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                                      parse_truncated_turns=True, env_workers=args.env_workers,
                                      history="deployed")  # fmt: skip
             wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-            check(rollouts, n, args.turns)
+            check(rollouts, n, args.turns, path)
             reqs, prompts = counter.take()
             result = dict(wall=wall, cpu=cpu, requests=reqs, prompts=prompts)
             if path != "env":
