@@ -203,3 +203,23 @@ def test_programs_in_worker_processes_a_program_that_kills_its_interpreter_fails
     by = dict(zip(seeds, rollouts, strict=True))
     assert by["exit"].ending is Ending.ERROR and by["exit"].reward is None
     assert by["a"].reward == by["b"].reward == 1.0
+
+
+def test_an_idle_keep_alive_connection_outlives_the_clients_pool_expiry():
+    # httpx (under the openai SDK) keeps an idle pooled connection for 5 s; a gateway that closed idle connections at
+    # 5 s too raced it: a call sent on a connection the gateway was closing failed with "Server disconnected without
+    # sending a response" (seen in benchmarks/bench_agents.py with a shared client). The gateway must outlast it.
+    g = Gateway()
+    try:
+        with socket.create_connection((g.host, g.port), timeout=5) as s:
+            s.sendall(f"GET /v1/models HTTP/1.1\r\nHost: {g.host}\r\nConnection: keep-alive\r\n\r\n".encode())
+            assert s.recv(65536).startswith(b"HTTP/1.1 401")
+            time.sleep(6.0)  # longer than httpx's default keepalive_expiry (5 s)
+            s.setblocking(False)
+            try:
+                closed = s.recv(1) == b""
+            except BlockingIOError:  # nothing to read: still open
+                closed = False
+            assert not closed, "the gateway closed an idle keep-alive connection a client may still reuse"
+    finally:
+        g.shutdown()

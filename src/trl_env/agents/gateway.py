@@ -115,6 +115,11 @@ def refuse(pending: Pending, message: str, status: int = 409, code: str = "episo
         pending.future.set_exception(WireError(status, message, code=code))
 
 
+_KEEP_ALIVE_S = 75
+"""How long an idle connection stays open: longer than clients' pools keep one (httpx, under the openai SDK: 5 s),
+so a client never reuses a connection the gateway is closing (a call lost with 'Server disconnected')."""
+
+
 class Gateway:
     """The OpenAI-compatible endpoint; ``open()`` a session per episode, ``close()`` it when the episode ends."""
 
@@ -140,7 +145,7 @@ class Gateway:
             self._sock.close()
             raise ConfigError(f"the agents gateway cannot listen on {host}:{port}: {e}; pick another port.") from e
         self.host, self.port = host, self._sock.getsockname()[1]
-        config = uvicorn.Config(self._app(), log_level="warning", timeout_keep_alive=5, backlog=4096,
+        config = uvicorn.Config(self._app(), log_level="warning", timeout_keep_alive=_KEEP_ALIVE_S, backlog=4096,
                                 access_log=False, lifespan="off", http=_protocol(read_timeout_s))  # fmt: skip
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True,
