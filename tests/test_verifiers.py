@@ -217,5 +217,13 @@ def test_multi_turn_env_through_the_gateway_rows_token_exact_and_rewards_the_rub
                 assert any((ids, lps) == sampled for ids, lps, _ in answered[context]), (r.seed, start)
             assert all(row.logprobs[i] == 0.0 for i, m in enumerate(row.env_mask) if not m)
     assert len(sent) == sum(len(r.turns) for r in rollouts)  # every server answer is a turn of one episode
-    said = sorted(turn.text.strip() for r in rollouts for turn in r.turns)  # what the env saw is what was sampled
+    # what the agent was answered is what was sampled, less the token that ended the turn (in the turn's text, not in
+    # the reply's content)
+    ends = (*from_tokenizer(tok).stop_strings, tok.eos_token)
+    said = sorted(_less_end(turn.text, ends).strip() for r in rollouts for turn in r.turns)
     assert said == sorted(reply for episode_replies in replies for reply in episode_replies)
+
+
+def _less_end(text: str, ends: tuple[str, ...]) -> str:
+    """``text`` without the one end-of-turn string it ends with, if any."""
+    return next((text[: -len(end)] for end in ends if end and text.endswith(end)), text)
