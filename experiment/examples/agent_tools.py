@@ -76,6 +76,15 @@ def env(**kwargs: Any) -> Any:
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
+    return train_agent(
+        agent, __doc__, name="agent_tools", max_turns=MAX_CALLS + 1, max_completion_length=256, argv=argv
+    )
+
+
+def train_agent(
+    program: Any, doc: str, *, name: str, max_turns: int, max_completion_length: int, argv: list[str] | None = None
+) -> dict[str, float]:
+    """Train ``program`` (an agent on the gateway) with EpisodeGRPOTrainer and report, as the other examples do."""
     import torch
     from datasets import Dataset
     from models import load_model_and_tokenizer  # experiment/models.py: offline SmolLM2, tiny model, any path
@@ -87,27 +96,28 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     from trl_env.processors import from_tokenizer
     from trl_env.testing.templates import trl_templates
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--model", default="smollm2", help="'smollm2' (offline default), 'tiny', or a path/hub id")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="outputs/agent_tools")
+    parser.add_argument("--out", default=f"outputs/{name}")
     args = parser.parse_args(argv)
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     model, tokenizer = load_model_and_tokenizer(args.model, AutoModelForCausalLM, AutoTokenizer)
     tokenizer.chat_template = trl_templates()["qwen2_5"]  # ChatML with the tool layout
     os.makedirs(args.out, exist_ok=True)
     func = make_rollout_func(
-        agent_env_factory(agent),
+        agent_env_factory(program),
         from_tokenizer(tokenizer),
         history="deployed",
-        max_turns=MAX_CALLS + 1,
+        max_turns=max_turns,
         max_new_tokens=16 if args.model == "tiny" else 48,
         env_timeout=120,
     )
     config = GRPOConfig(
         output_dir=args.out, max_steps=args.steps, per_device_train_batch_size=8, num_generations=4,
-        max_completion_length=256, learning_rate=1e-3 if args.model == "tiny" else 3e-5, temperature=1.0, beta=0.0,
+        max_completion_length=max_completion_length, learning_rate=1e-3 if args.model == "tiny" else 3e-5,
+        temperature=1.0, beta=0.0,
         logging_steps=1, report_to=[], save_strategy="no", seed=args.seed, data_seed=args.seed, use_cpu=True,
     )  # fmt: skip
     trainer = EpisodeGRPOTrainer(
@@ -124,7 +134,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     rewards = [h["reward"] for h in trainer.state.log_history if h.get("reward") is not None]
     k = max(1, len(rewards) // 4)
     summary = {"first_mean": sum(rewards[:k]) / k, "last_mean": sum(rewards[-k:]) / k, "wall_s": wall}
-    print(f"[agent_tools] reward per step: {[round(r, 3) for r in rewards]}; {summary}")
+    print(f"[{name}] reward per step: {[round(r, 3) for r in rewards]}; {summary}")
     with open(os.path.join(args.out, f"rewards_seed{args.seed}.json"), "w") as f:
         json.dump({"rewards": rewards, **summary}, f)
     return summary
