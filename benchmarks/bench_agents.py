@@ -23,11 +23,18 @@ the gateway reading and validating it and handing it to the waiting env worker, 
 building the response, the SDK reading and parsing it (loopback HTTP both ways).
 
     python benchmarks/bench_agents.py --episodes 64 256 --repeat 3
+
+``--scripted``: no server; an instant generator answers every turn with the same ``--tokens`` ids at once, so the
+wall and the process's CPU are the paths' own (rendering, parsing, the engine; for the agents, the SDK, HTTP and the
+gateway too). The CPU per call, agent minus env, is what the agent path adds on the trainer's process:
+
+    python benchmarks/bench_agents.py --scripted --episodes 64 256 --repeat 3
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import random
 import statistics
@@ -112,6 +119,39 @@ class TimedAgentEnv(AgentEnv):
         return out
 
 
+class InstantGenerator:
+    """A generator that answers every request at once with the same ``tokens`` ids, cut by the budget (``--scripted``).
+
+    ``requests``/``prompts`` count its ``submit`` calls and their requests, as ``CountingPost`` counts the server's.
+    """
+
+    continuous = False
+    context_limit = None
+
+    def __init__(self, tokenizer: Any, tokens: int) -> None:
+        text = " ".join(["word"] * tokens * 2)
+        self.ids = list(tokenizer.encode(text, add_special_tokens=False))[:tokens]
+        self.requests = self.prompts = 0
+        self.lock = threading.Lock()
+
+    def submit(self, requests: Sequence[Any]) -> list[Any]:
+        from trl_env.backends.base import FinishReason, Generation, resolved
+
+        with self.lock:
+            self.requests += 1
+            self.prompts += len(requests)
+        out = []
+        for r in requests:
+            ids = self.ids[: r.max_tokens]
+            out.append(resolved(Generation(ids, [-0.5] * len(ids), FinishReason.LENGTH)))
+        return out
+
+    def take(self) -> tuple[int, int]:
+        with self.lock:
+            out, self.requests, self.prompts = (self.requests, self.prompts), 0, 0
+            return out
+
+
 class CountingPost:
     """The generator's ``post``: a pooled ``requests`` session, counting completion requests and their prompts."""
 
@@ -172,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=16, help="sampled tokens per turn (exactly)")
     parser.add_argument("--env-workers", type=int, default=16, help="batch_rollout's env_workers (its default: 16)")
     parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS), help="which paths (env first)")
+    parser.add_argument("--scripted", action="store_true", help="no server: an instant generator (CPU per call)")
     parser.add_argument("--quick", action="store_true", help="4 episodes x 2 turns, one repetition: a smoke test")
     parser.add_argument("--out", default=None, help="results folder (default benchmarks/results/agents)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the interleaving order")
@@ -196,17 +237,21 @@ def main(argv: list[str] | None = None) -> int:
     from trl_env.processors import from_tokenizer
     from trl_env.testing.templates import trl_templates
 
-    with C.vllm_server(args.base_url, extra_args=["--no-enable-prefix-caching"], omp=args.server_omp) as (
-        base_url,
-        model_dir,
-    ):
-        server = C.server_config(base_url)
+    serving = contextlib.nullcontext(("", C.tiny_model_dir())) if args.scripted else C.vllm_server(
+        args.base_url, extra_args=["--no-enable-prefix-caching"], omp=args.server_omp)  # fmt: skip
+    with serving as (base_url, model_dir):
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         tokenizer.chat_template = trl_templates()["qwen2_5"]  # ChatML, as tests/test_agents_vllm.py
         processor = from_tokenizer(tokenizer)
-        counter = CountingPost(64)
-        extra = {"ignore_eos": True, "stop_token_ids": []}  # every turn exactly --tokens long
-        gen = VLLMServerGenerator(base_url, model=model_dir, temperature=1.0, extra_body=extra, post=counter)
+        gen: Any
+        if args.scripted:
+            server: dict[str, Any] = {"scripted": "an instant generator, no server"}
+            gen = counter = InstantGenerator(tokenizer, args.tokens)
+        else:
+            server = C.server_config(base_url)
+            counter = CountingPost(64)
+            extra = {"ignore_eos": True, "stop_token_ids": []}  # every turn exactly --tokens long
+            gen = VLLMServerGenerator(base_url, model=model_dir, temperature=1.0, extra_body=extra, post=counter)
         budgets = Budgets(max_turns=args.turns, max_new_tokens=args.tokens, max_completion_tokens=4096)
         agent_env_factory(agent_program)  # its checks (the agents extra)
         factories = {"env": C.EnvFactory(args.turns), "agent": functools.partial(TimedAgentEnv, agent_program),
@@ -244,8 +289,9 @@ def main(argv: list[str] | None = None) -> int:
 
     text = report(results, sizes, reps, args, notes, server, total)
     print(text)
-    (out / "bench_agents.md").write_text(text + "\n")
-    C.save_json(out / "bench_agents.json", dict(
+    stem = "bench_agents_scripted" if args.scripted else "bench_agents"
+    (out / f"{stem}.md").write_text(text + "\n")
+    C.save_json(out / f"{stem}.json", dict(
         args=vars(args), notes=notes, server=server, total_s=total,
         runs={f"{path} {n}": [{k: v for k, v in r.items() if k not in ("added", "client", "engine")} for r in rs]
               for (path, n), rs in results.items()},
@@ -261,7 +307,7 @@ def report(results: dict, sizes: list[int], reps: int, args: argparse.Namespace,
            total: float) -> str:  # fmt: skip
     """The markdown tables: one row per (N, path) with its ratio to the env path, then the latency per call."""
     lines = [
-        "## bench_agents" + (" (quick)" if args.quick else ""),
+        "## bench_agents" + (" --scripted (no server)" if args.scripted else "") + (" (quick)" if args.quick else ""),
         "",
         f"Machine: {notes}. Server: {server}. {reps} timed repetitions per (path, N) after a warm-up, interleaved in "
         f"shuffled order; total {total:.0f} s. Workload: N concurrent episodes x {args.turns} turns x exactly "
@@ -270,8 +316,8 @@ def report(results: dict, sizes: list[int], reps: int, args: argparse.Namespace,
         "`httpx.Client` for all episodes (`run.openai(http_client=...)`).",
         "",
         "| N | path | wall s, median (min-max) | / env (target <= 1.15) | completion requests per turn | prompts per "
-        "request | client CPU s |",
-        "|---|---|---|---|---|---|---|",
+        "request | client CPU s | CPU ms per call |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for n in sizes:
         env_wall = statistics.median(r["wall"] for r in results[("env", n)])
@@ -283,7 +329,8 @@ def report(results: dict, sizes: list[int], reps: int, args: argparse.Namespace,
             lines.append(
                 f"| {n} | {path} | {C.fmt_range([r['wall'] for r in runs])} | "
                 f"{'' if path == 'env' else f'**{ratio:.2f}**'} | {C.fmt_range(per_turn, 3)} | {per_req:.1f} | "
-                f"{statistics.median(r['cpu'] for r in runs):.1f} |"
+                f"{statistics.median(r['cpu'] for r in runs):.1f} | "
+                f"{statistics.median(r['cpu'] for r in runs) / (n * args.turns) * 1e3:.2f} |"
             )
     lines += [
         "",
