@@ -12,9 +12,9 @@ from helpers import ReplyGenerator, ScriptedGenerator, assert_token_exact
 from seat_games import SecretNim
 
 from trl_env import Budgets, ChatMLProcessor, ConfigError, Ending
-from trl_env.backends.base import Generation
+from trl_env.backends.base import Generation, GeneratorBase
 from trl_env.rollout.seated import play_seats
-from trl_env.seats import POLICY, SeatedEnv, Seating
+from trl_env.seats import POLICY, Frozen, SeatedEnv, Seating
 
 
 def take(n: str):
@@ -183,3 +183,58 @@ def test_a_game_that_breaks_the_protocol_fails_with_what_it_returned(tokenizer):
     rollouts = play(["5", "5"], Seating(NoRewards, (POLICY, POLICY)), tokenizer, ReplyGenerator(tokenizer, take("1")))
     assert [r.info["error_kind"] for r in rollouts] == ["env_bad_return"] * 2
     assert "NoRewards.rewards = [1.0] after step; give 2 finite numbers" in rollouts[0].error
+
+
+# -- a frozen seat: an episode of its own, sampled by another generator, no rows -------------------------------------
+
+
+def test_a_frozen_seat_plays_its_own_conversation_with_its_generator_and_returns_no_rollout(tokenizer):
+    policy, frozen = ReplyGenerator(tokenizer, take("1")), ReplyGenerator(tokenizer, take("2"))
+    seeds = [str(4 + g % 4) for g in range(12)]  # one policy seat: each seed is a game
+    rollouts = play(seeds, Seating(SecretNim, (POLICY, Frozen(frozen))), tokenizer, policy, env_workers=2)
+    assert [r.info["seat"] for r in rollouts] == [0] * 12 and [r.info["game"] for r in rollouts] == list(range(12))
+    assert all(r.ending is Ending.ENV_DONE for r in rollouts), {r.error for r in rollouts}
+    assert_token_exact(rollouts, policy.requests, policy.outputs)  # every policy turn, and nothing else, is a row
+    for pile, r in zip(map(int, seeds), rollouts, strict=True):  # seat 0 takes 1, the frozen seat 2
+        left, to_move = pile, 0
+        while left > 0:
+            left, to_move = left - (1, 2)[to_move], 1 - to_move
+        assert r.reward == (1.0 if to_move == 1 else -1.0)
+        text = tokenizer.decode(r.rows[0].prompt_ids + r.rows[0].completion_ids)
+        assert "Opponent took 2." in text and "card-" + str(pile) + "-B" not in text
+    # the frozen seat's turns were sampled by its own generator, from its own conversation (its card only)
+    frozen_prompts = [tokenizer.decode(q.prompt_ids) for q in frozen.requests]
+    assert frozen_prompts and all("-B" in p and "-A." not in p for p in frozen_prompts)
+    assert all("-A" in tokenizer.decode(q.prompt_ids) and "-B." not in tokenizer.decode(q.prompt_ids)
+               for q in policy.requests)  # fmt: skip
+
+
+def test_a_frozen_seat_that_fails_fails_its_game_for_the_policy_seat(tokenizer):
+    seating = Seating(SecretNim, (POLICY, Frozen(FailingFor(tokenizer, "card-5-B"))))
+    bad, good = play(["5", "6"], seating, tokenizer, ReplyGenerator(tokenizer, take("1")))
+    assert bad.ending is Ending.ERROR and bad.reward is None and bad.info["seat_failed"] == 1
+    assert bad.info["error_kind"] == "server_error" and "seat 1 of this game failed" in bad.error
+    assert good.ending is Ending.ENV_DONE and good.reward is not None
+
+
+def test_a_frozen_seat_cut_by_max_turns_ends_the_game_scored_as_truncated(tokenizer):
+    seating = Seating(SecretNim, (Frozen(ReplyGenerator(tokenizer, take("1"))), POLICY), truncated_reward=-0.5)
+    [r] = play(["20"], seating, tokenizer, ReplyGenerator(tokenizer, take("1")),
+               budgets=Budgets(max_turns=2, max_new_tokens=4))  # fmt: skip
+    assert (r.ending, r.reward, r.info["seat"]) == (Ending.ENV_DONE, -0.5, 1)
+    assert "seat 0's episode ended" in r.info["env"]["reason"]
+
+
+def test_a_frozen_generators_session_wraps_the_games_and_can_refuse_them(tokenizer):
+    class NotReady(GeneratorBase):
+        def session(self):
+            raise ConfigError("no snapshot yet")
+
+        def submit(self, requests):
+            raise AssertionError("a refused session samples nothing")
+
+    with pytest.raises(ConfigError, match="Frozen"):
+        Seating(SecretNim, (POLICY, Frozen("not a generator")))  # type: ignore[arg-type]
+    seating = Seating(SecretNim, (POLICY, Frozen(NotReady())))
+    with pytest.raises(ConfigError, match="no snapshot yet"):
+        play(["5"], seating, tokenizer, ReplyGenerator(tokenizer, take("1")))

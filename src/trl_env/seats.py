@@ -15,11 +15,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, Protocol, TypeAlias, runtime_checkable
 
+from trl_env.backends.base import Generator, as_generator
 from trl_env.env import Action, Delta, Seed, json_safe
 from trl_env.errors import ConfigError, EnvError, EpisodeFailure
 from trl_env.rollout.workers import waiting
 
-__all__ = ["POLICY", "Match", "Player", "SeatEnv", "SeatedEnv", "Seating"]
+__all__ = ["POLICY", "Frozen", "Match", "Player", "SeatEnv", "SeatedEnv", "Seating"]
 
 
 @runtime_checkable
@@ -69,9 +70,33 @@ class SeatedEnv(Protocol):
 POLICY: Literal["policy"] = "policy"
 """A seat the policy being trained plays: its own episode, trainable rows."""
 
-Player: TypeAlias = Literal["policy"] | Callable[[str], str]
-"""Who plays a seat: ``POLICY``, or a fixed function ``observation -> action`` (no rows; it gets each observation
-the game gives its seat, and plays inside the step of the seat that moved before it)."""
+
+@dataclass(frozen=True)
+class Frozen:
+    """A seat played by a model that is not trained: its turns are real samples of ``generator``; it has no rows.
+
+    The seat is an episode like a policy seat's (its own conversation, the same processor, budgets and history) in an
+    engine of its own that samples with ``generator``; ``play_seats`` drops its rollout once the game is over, so it
+    never reaches the loss or a group statistic. A failed or cut frozen episode ends its game as a policy seat's does.
+    ``trl_env.integrations.snapshots.LoraSnapshots(...).seat`` is the frozen copy of the policy: a LoRA snapshot of
+    the trained adapter, served by the same vLLM server and refreshed every N steps (docs/selfplay.md).
+    """
+
+    generator: Generator
+    """Samples the seat's turns, e.g. ``VLLMServerGenerator(url, model="an-earlier-adapter")`` or a ``LoraSnapshots``;
+    its ``session()`` wraps every ``play_seats`` call."""
+
+    def __post_init__(self) -> None:
+        try:
+            as_generator(self.generator)  # a ConfigError now, not at the first game
+        except ConfigError as e:
+            raise ConfigError(f"Frozen(generator=...): {e}") from None
+
+
+Player: TypeAlias = Literal["policy"] | Frozen | Callable[[str], str]
+"""Who plays a seat: ``POLICY``; a ``Frozen`` model (an episode of its own, no rows); or a fixed function
+``observation -> action`` (no episode, no rows; it gets each observation the game gives its seat, and plays inside the
+step of the seat that moved before it)."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +105,7 @@ class Seating:
 
     Args:
         game: builds a fresh ``SeatedEnv``; called once per game.
-        players: one per seat: ``POLICY`` or a function ``observation -> action``.
+        players: one per seat: ``POLICY``, a ``Frozen`` model, or a function ``observation -> action``.
         truncated_reward: every seat's reward when a game ends before the env ended it (a seat's episode cut by
             ``max_turns`` or a token budget); a seat's episode that *failed* fails the whole game instead.
     """
@@ -92,17 +117,23 @@ class Seating:
     def __post_init__(self) -> None:
         if not callable(self.game):
             raise ConfigError(f"Seating(game={self.game!r:.60}): give a function that builds a fresh SeatedEnv.")
-        bad = [p for p in self.players if p != POLICY and not callable(p)]
+        bad = [p for p in self.players if p != POLICY and not isinstance(p, Frozen) and not callable(p)]
         if len(self.players) < 2 or bad or POLICY not in self.players:
             raise ConfigError(
-                f"Seating(players={self.players!r:.120}): give one player per seat (at least two), each 'policy' or "
-                "a function observation -> action, with at least one 'policy' seat; e.g. players=('policy', 'policy')."
+                f"Seating(players={self.players!r:.120}): give one player per seat (at least two), each 'policy', a "
+                "Frozen(generator) or a function observation -> action, with at least one 'policy' seat; e.g. "
+                "players=('policy', 'policy')."
             )
 
     @property
     def policy_seats(self) -> tuple[int, ...]:
         """The seats the policy plays, in order: the seat episodes of one game."""
         return tuple(i for i, p in enumerate(self.players) if p == POLICY)
+
+    @property
+    def frozen_seats(self) -> tuple[int, ...]:
+        """The seats a ``Frozen`` model plays, in order: episodes without rows."""
+        return tuple(i for i, p in enumerate(self.players) if isinstance(p, Frozen))
 
 
 class View(NamedTuple):
@@ -175,7 +206,7 @@ class Match:
             while True:
                 env, delta, alive, to_move = self._check(result, method, seat)
                 player = self.seating.players[to_move] if alive else POLICY
-                if player == POLICY:
+                if player == POLICY or isinstance(player, Frozen):  # a seat episode: it moves in its own step
                     break
                 assert callable(player), "Seating checks its players"
                 result, method = env.step(player(delta)), "step"

@@ -8,16 +8,19 @@ failed is failed for every seat (out of every statistic), with the reason.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from trl_env.backends.base import as_generator
 from trl_env.env import Seed
 from trl_env.errors import ConfigError
 from trl_env.rollout.engine import batch_rollout
 from trl_env.rollout.records import Ending, Rollout
-from trl_env.seats import Match, SeatEnv, Seating
+from trl_env.seats import Frozen, Match, SeatEnv, Seating
 
 __all__ = ["check_executor", "play_seats", "seat_counts", "seat_rates"]
 
@@ -37,7 +40,8 @@ def play_seats(
     Seeds ``k*i .. k*i + k - 1`` (``k`` policy seats) are game ``i``, played from their seed (they must be equal:
     TRL's ``num_generations`` copies of a prompt, ``num_generations`` a multiple of ``k``); seed ``k*i + j`` is the
     episode of policy seat ``seating.policy_seats[j]``. Each rollout's ``info`` holds ``"seat"`` and ``"game"`` (the
-    game's index in this call). Options are ``batch_rollout``'s.
+    game's index in this call). A ``Frozen`` seat is an episode of a second engine, run beside this one with its own
+    generator (inside its ``session()``) and the same options; its rollout is dropped. Options are ``batch_rollout``'s.
 
     Raises:
         ConfigError: for a seed count that is not a multiple of ``k``, or a game whose seeds differ.
@@ -69,14 +73,71 @@ def play_seats(
             on_episode_end(index)
 
     keys: list[Seed | BaseException] = [s if isinstance(s, BaseException) else str(i) for i, s in enumerate(seeds)]
-    try:
-        rollouts = batch_rollout(
-            keys, functools.partial(SeatEnv, table), processor, tokenizer, generator, on_episode_end=ended, **options
-        )
-    finally:  # strict mode raised: wake every seat still waiting for its turn
-        for match in matches:
-            match.leave(-1)
-    return [r for g, match in enumerate(matches) for r in _settle(rollouts[g * k : g * k + k], match, seats, g)]
+    # A game whose prompt failed fails its frozen seats too (the same exception as their seed).
+    game_keys = [next((s for s in c if isinstance(s, BaseException)), str(g)) for g, c in enumerate(games)]
+    frozen = [
+        _FrozenSeat(seat, seating.players[seat], matches, game_keys, (processor, tokenizer), options)
+        for seat in seating.frozen_seats
+    ]
+    with contextlib.ExitStack() as stack:
+        for seat in frozen:
+            stack.enter_context(seat.generator.session())  # e.g. LoraSnapshots refuses before its first snapshot
+        try:
+            for seat in frozen:
+                seat.thread.start()
+            env = functools.partial(SeatEnv, table)
+            rollouts = batch_rollout(keys, env, processor, tokenizer, generator, on_episode_end=ended, **options)
+        finally:  # strict mode raised: wake every seat still waiting for its turn
+            for match in matches:
+                match.leave(-1)
+            for seat in frozen:
+                seat.thread.join()
+    frozen_by_game = [[(seat.seat, seat.rollout(g)) for seat in frozen] for g in range(len(matches))]
+    return [
+        r
+        for g, match in enumerate(matches)
+        for r in _settle(rollouts[g * k : g * k + k], match, seats, g, frozen_by_game[g])
+    ]
+
+
+class _FrozenSeat:
+    """One ``Frozen`` seat of every game: its episodes run by a ``batch_rollout`` of their own, on a thread."""
+
+    def __init__(
+        self,
+        seat: int,
+        player: object,
+        matches: list[Match],
+        keys: list[Seed | BaseException],
+        model: tuple[Any, Any],
+        options: dict[str, Any],
+    ) -> None:
+        assert isinstance(player, Frozen), "Seating.frozen_seats lists Frozen players"
+        self.seat, self.matches, self.generator = seat, matches, as_generator(player.generator)
+        self._rollouts: list[Rollout] | BaseException = []
+        processor, tokenizer = model
+        env = functools.partial(SeatEnv, lambda key: (matches[int(key)], seat))
+
+        def run() -> None:
+            try:
+                self._rollouts = batch_rollout(
+                    keys, env, processor, tokenizer, self.generator, on_episode_end=self._ended, **options
+                )
+            except BaseException as e:  # noqa: BLE001  # strict mode: re-raised by rollout() on the caller's thread
+                self._rollouts = e
+                for match in matches:
+                    match.leave(seat)
+
+        self.thread = threading.Thread(target=run, name=f"trl-env-frozen-seat-{seat}", daemon=True)
+
+    def _ended(self, game: int) -> None:
+        self.matches[game].leave(self.seat)
+
+    def rollout(self, game: int) -> Rollout:
+        """The seat's rollout in ``game``; re-raises what its engine raised (``strict``)."""
+        if isinstance(self._rollouts, BaseException):
+            raise self._rollouts
+        return self._rollouts[game]
 
 
 def check_executor(env_factory: object, env_executor: str) -> None:
@@ -90,9 +151,15 @@ def check_executor(env_factory: object, env_executor: str) -> None:
                           "env_executor='thread' (the default), or isolate what your SeatedEnv calls.")  # fmt: skip
 
 
-def _settle(rollouts: list[Rollout], match: Match, seats: Sequence[int], game: int) -> list[Rollout]:
-    """The seat rollouts of one game: seed, seat and game recorded; all failed when one seat's episode failed."""
-    failed = next(((s, r) for s, r in zip(seats, rollouts, strict=True) if r.ending is Ending.ERROR), None)
+def _settle(
+    rollouts: list[Rollout], match: Match, seats: Sequence[int], game: int, frozen: Sequence[tuple[int, Rollout]]
+) -> list[Rollout]:
+    """The policy seat rollouts of one game: seed, seat and game recorded; all failed when one seat's episode failed.
+
+    ``frozen``: the game's frozen seats and their rollouts, which count for the failure rule only.
+    """
+    played = [*zip(seats, rollouts, strict=True), *frozen]
+    failed = next(((s, r) for s, r in played if r.ending is Ending.ERROR), None)
     out = []
     for seat, r in zip(seats, rollouts, strict=True):
         info = {**r.info, "seat": seat, "game": game}
