@@ -9,13 +9,13 @@ unchanged. Needs ``history="deployed"`` (each call's messages rendered by the ch
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 import math
 import numbers
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from trl_env.agents.gateway import Gateway, Pending, Session, refuse, shared_gateway
 from trl_env.agents.run import AgentProgram, AgentRun
@@ -23,25 +23,33 @@ from trl_env.env import Delta, Env, Seed
 from trl_env.errors import AgentError, ConfigError, EpisodeFailure
 from trl_env.rollout.chat import ChatRequest, Reply
 
-__all__ = ["AgentEnv", "agent_env_factory"]
+__all__ = ["AgentEnv", "AgentEnvFactory", "agent_env_factory"]
 
 Verifier = Callable[[AgentRun, Any], float]
 """Scores an episode from its run and what the program returned (called on the episode's worker thread)."""
+
+SamplingMode = Literal["trainer", "agent"]
+AGENT_SAMPLING = frozenset({"temperature", "top_p"})
+"""What ``sampling="agent"`` honours per call; every other sampling field an agent sets is the trainer's."""
 
 
 class AgentEnv:
     """One episode of an agent program: each model call it makes is a turn (``history="deployed"``)."""
 
     def __init__(self, program: AgentProgram, *, gateway: Gateway | None = None, verify: Verifier | None = None,
-                 settle_s: float = 30.0) -> None:  # fmt: skip
+                 settle_s: float = 30.0, sampling: SamplingMode = "trainer") -> None:  # fmt: skip
         """``program`` runs once per episode; ``verify`` (optional) scores it instead of its return value.
 
         ``settle_s``: after trl-env ends an episode (a budget), how long its program may take to return its reward.
+        ``sampling``: ``"trainer"`` samples every call with the trainer's settings (on-policy); ``"agent"`` samples
+        each call with the ``temperature`` / ``top_p`` it asks for (off-policy, docs/agents.md).
         """
-        self.program, self.verify, self.settle_s = program, verify, settle_s
+        self.program, self.verify, self.settle_s, self.sampling = program, verify, settle_s, sampling
         self.gateway = gateway
         self.reward, self.alive = 0.0, True
-        self.info: dict[str, Any] = {"agent_calls": 0}
+        self.turn_sampling: Mapping[str, float] = {}
+        """The waiting call's own settings, read by the engine (a ``SamplingEnv``); empty: the trainer's."""
+        self.info: dict[str, Any] = {"agent_calls": 0, "agent_sampling": {"mode": sampling, "calls": []}}
         self._session: Session | None = None
         self._pending: Pending | None = None
         self._run: AgentRun | None = None
@@ -126,9 +134,7 @@ class AgentEnv:
         if pending is not None:
             self._pending = pending
             self.info["agent_calls"] += 1
-            for name in pending.call.overridden:
-                overridden = self.info.setdefault("agent_overridden", {})
-                overridden[name] = overridden.get(name, 0) + 1
+            self._record_sampling(pending.call.sampling)
             return self, ChatRequest(pending.call.messages, pending.call.tools)
         self.alive = False
         outcome = self._session.outcome
@@ -150,6 +156,15 @@ class AgentEnv:
         self._score(value)
         return self, ""
 
+    def _record_sampling(self, asked: Mapping[str, Any]) -> None:
+        """Set the call's own settings (``sampling="agent"``); record what it asked for and what is used."""
+        honoured = AGENT_SAMPLING if self.sampling == "agent" else frozenset()
+        self.turn_sampling = used = {k: float(v) for k, v in asked.items() if k in honoured}
+        self.info["agent_sampling"]["calls"].append({"asked": dict(asked), "used": dict(used)})
+        for name in asked.keys() - used.keys():
+            overridden = self.info.setdefault("agent_overridden", {})
+            overridden[name] = overridden.get(name, 0) + 1
+
     def _score(self, value: Any) -> None:
         assert self._run is not None
         if self.verify is not None:
@@ -168,21 +183,70 @@ async def _awaited(result: Any) -> Any:
     return await result
 
 
+@dataclass(frozen=True)
+class AgentEnvFactory:
+    """``agent_env_factory``'s answer: builds an ``AgentEnv`` per episode; says which settings its calls may set."""
+
+    program: AgentProgram
+    gateway: Gateway | None = None
+    verify: Verifier | None = None
+    settle_s: float = 30.0
+    sampling: SamplingMode = "trainer"
+
+    @property
+    def request_sampling(self) -> frozenset[str]:
+        """The per-request settings its episodes send (a ``SamplingEnvFactory``): checked against the generator."""
+        return AGENT_SAMPLING if self.sampling == "agent" else frozenset()
+
+    def __call__(self) -> AgentEnv:
+        """A fresh episode."""
+        return AgentEnv(self.program, gateway=self.gateway, verify=self.verify, settle_s=self.settle_s,
+                        sampling=self.sampling)  # fmt: skip
+
+    def __repr__(self) -> str:
+        name = getattr(self.program, "__qualname__", type(self.program).__name__)
+        return f"agent_env_factory({name}, sampling={self.sampling!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickles (``env_executor="process"``, ``isolated``) with ``sampling="trainer"`` only.
+
+        Raises:
+            ConfigError: with ``sampling="agent"``: a worker process's env cannot hand its settings to the engine.
+        """
+        if self.sampling == "agent":
+            raise ConfigError(
+                "agent_env_factory(..., sampling='agent') runs its episodes in the trainer's process: an env in a "
+                "worker process cannot pass its calls' sampling to the engine; drop env_executor='process' / "
+                "isolated(...), or use sampling='trainer'."
+            )
+        return (AgentEnvFactory, (self.program, self.gateway, self.verify, self.settle_s, self.sampling))
+
+
 def agent_env_factory(program: AgentProgram, *, gateway: Gateway | None = None, verify: Verifier | None = None,
-                      settle_s: float = 30.0) -> Callable[[], AgentEnv]:  # fmt: skip
+                      settle_s: float = 30.0, sampling: SamplingMode = "trainer") -> AgentEnvFactory:  # fmt: skip
     """An ``env_factory`` running ``program`` once per episode, for ``make_rollout_func`` / ``batch_rollout``.
 
     Use it with ``history="deployed"``. Calls go through ``gateway`` (default: the process's, started on first use).
+    ``sampling``: ``"trainer"`` (default) samples every call with the trainer's settings, on-policy, whatever the
+    agent asks for; ``"agent"`` honours each call's ``temperature`` and ``top_p`` (the generator must take them per
+    request: ``VLLMServerGenerator``), which makes the episodes off-policy (docs/agents.md). Either way
+    ``info["env"]["agent_sampling"]`` records, per call, what the agent asked for and what was used.
 
     Raises:
-        ConfigError: ``program`` is not callable, or the ``agents`` extra is not installed.
+        ConfigError: ``program`` is not callable, ``sampling`` is neither ``"trainer"`` nor ``"agent"``, or the
+            ``agents`` extra is not installed.
     """
     if not callable(program):
         raise ConfigError(f"program={program!r}: pass a function taking an AgentRun (sync or async).")
+    if sampling not in ("trainer", "agent"):
+        raise ConfigError(
+            f"sampling={sampling!r}: use 'trainer' (the trainer's settings for every call, on-policy) or 'agent' "
+            "(each call's own temperature and top_p, off-policy)."
+        )
     from trl_env.agents.gateway import _require
 
     _require()
 
-    # a partial of the class: it pickles (with a module-level program and the default gateway), so
-    # ``env_executor="process"`` / ``isolated(...)`` can run each program in a worker process of its own
-    return functools.partial(AgentEnv, program, gateway=gateway, verify=verify, settle_s=settle_s)
+    # it pickles (with a module-level program and the default gateway), so ``env_executor="process"`` /
+    # ``isolated(...)`` can run each program in a worker process of its own (``sampling="trainer"`` only)
+    return AgentEnvFactory(program, gateway=gateway, verify=verify, settle_s=settle_s, sampling=sampling)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from trl_env.rollout.chat import Reply, wire_message
@@ -24,8 +24,8 @@ _SAMPLING = (
     "stop", "tool_choice", "parallel_tool_calls", "logit_bias", "response_format", "top_k", "min_p",
     "repetition_penalty",
 )  # fmt: skip
-"""Fields that would change what is sampled: trl-env samples with the trainer's settings (on-policy) and records
-each one an agent set in the episode's info (``agent_overridden``)."""
+"""Fields that would change what is sampled: recorded in the episode's info (``agent_sampling``); each is the
+trainer's setting (on-policy) unless ``agent_env_factory(sampling="agent")`` honours it (``agent_overridden``)."""
 
 
 class WireError(Exception):
@@ -52,8 +52,8 @@ class ChatCall:
     stream: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
-    overridden: tuple[str, ...] = ()
-    """Sampling fields the agent set (``_SAMPLING``), which trl-env overrides with the trainer's."""
+    sampling: dict[str, Any] = field(default_factory=dict)
+    """The sampling fields the agent set (``_SAMPLING``), with their values, as sent."""
 
 
 def _bad(message: str, param: str) -> WireError:
@@ -96,6 +96,11 @@ def parse_request(body: bytes) -> ChatCall:
         value = data.get(name)
         if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
             raise _bad(f"{name}={value!r}: must be a positive integer", name)
+    for name, low, high in (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0)):  # OpenAI's ranges; vLLM's top_p > 0
+        value = data.get(name)
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if value is not None and not (number and low <= value <= high and (value > 0 or name == "temperature")):
+            raise _bad(f"{name}={value!r}: must be a number in [{low}, {high}] (top_p above 0)", name)
     stop = data.get("stop")
     texts = isinstance(stop, list) and all(isinstance(s, str) for s in stop)
     if not (stop is None or isinstance(stop, str) or texts):
@@ -110,7 +115,7 @@ def parse_request(body: bytes) -> ChatCall:
         stream=bool(data.get("stream")),
         logprobs=bool(data.get("logprobs")),
         top_logprobs=top,
-        overridden=tuple(k for k in _SAMPLING if data.get(k) is not None),
+        sampling={k: data[k] for k in _SAMPLING if data.get(k) is not None},
     )
 
 

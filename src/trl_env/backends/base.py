@@ -12,6 +12,7 @@ from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import Enum
+from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
 from trl_env.errors import ConfigError
@@ -26,6 +27,9 @@ class FinishReason(str, Enum):
     """It hit the turn's ``max_tokens``."""
 
 
+_NO_SAMPLING: Mapping[str, float] = MappingProxyType({})
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     """One model turn to sample."""
@@ -36,6 +40,9 @@ class GenerationRequest:
     """Most tokens to sample; the engine has already capped it by every remaining budget."""
     stop_token_ids: tuple[int, ...]
     """Ids that end the turn; the one sampled is returned as the last id."""
+    sampling: Mapping[str, float] = field(default_factory=lambda: _NO_SAMPLING)
+    """This request's own sampling settings (``temperature``, ``top_p``), over the generator's; empty: the generator's.
+    Only a generator whose ``request_sampling`` names them may be given them (``check_request_sampling``)."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +90,8 @@ class GeneratorBase:
     """Defaults for a generator's optional capabilities: subclass it and write ``continuous`` and ``submit``."""
 
     continuous: bool = True
+    request_sampling: frozenset[str] = frozenset()
+    """The ``GenerationRequest.sampling`` keys this generator honours per request (none by default)."""
 
     @property
     def context_limit(self) -> int | None:
@@ -122,6 +131,23 @@ def as_generator(generator: object) -> Generator:
         f"{type(generator).__name__} is not a generator: it needs `continuous: bool` and "
         "`submit(requests) -> list[Future[Generation]]` (subclass trl_env.backends.base.GeneratorBase)."
     )
+
+
+def check_request_sampling(generator: object, keys: Collection[str], *, why: str) -> None:
+    """Refuse per-request sampling ``keys`` that ``generator`` does not honour (``GeneratorBase.request_sampling``).
+
+    Raises:
+        ConfigError: naming the generator, the keys it cannot honour, ``why`` they are asked for, and the fix.
+    """
+    honoured = generator.request_sampling if isinstance(generator, GeneratorBase) else frozenset()
+    missing = sorted(set(keys) - honoured)
+    if missing:
+        inner = generator.inner if isinstance(generator, _Minimal) else generator
+        raise ConfigError(
+            f"{why} needs per-request sampling ({', '.join(missing)}), and {type(inner).__name__} samples every "
+            "request with its own settings; use a generator that honours them (VLLMServerGenerator), or leave the "
+            "sampling to the trainer."
+        )
 
 
 def resolved(generation: Generation) -> Future[Generation]:

@@ -60,6 +60,8 @@ class VLLMServerGenerator(GeneratorBase):
     """Samples each turn with its own HTTP request to one or more vLLM servers (``continuous = True``)."""
 
     continuous = True
+    request_sampling = frozenset({"temperature", "top_p"})
+    """Sent in the request's body over the generator's (an agent's own, ``agent_env_factory(sampling="agent")``)."""
 
     def __init__(
         self,
@@ -176,12 +178,13 @@ class VLLMServerGenerator(GeneratorBase):
     def _batches(self, requests: Sequence[GenerationRequest]) -> list[list[int]]:
         """Indices of ``requests`` grouped by sampling parameters, in parts for one request each.
 
+        Requests share a group when their budget, stop ids and own sampling (``GenerationRequest.sampling``) match.
         A group is cut into parts of at most ``max_batch`` prompts, and into one part per server at least
         (so that data-parallel servers share it).
         """
-        groups: dict[tuple[int, tuple[int, ...]], list[int]] = {}
+        groups: dict[tuple[Any, ...], list[int]] = {}
         for i, r in enumerate(requests):
-            groups.setdefault((r.max_tokens, r.stop_token_ids), []).append(i)
+            groups.setdefault((r.max_tokens, r.stop_token_ids, *sorted(r.sampling.items())), []).append(i)
         batches = []
         for group in groups.values():
             size = min(self.max_batch, -(-len(group) // len(self.urls)))
@@ -265,6 +268,7 @@ class VLLMServerGenerator(GeneratorBase):
             "return_tokens_as_token_ids": True,  # the ids, without `return_token_ids`' echo of every prompt's ids
             "skip_special_tokens": False,
             **self.sampling,
+            **first.sampling,  # the batch's own (``_batches`` groups by it), e.g. an agent's temperature
             **self.extra_body,
         }
         try:

@@ -12,13 +12,13 @@ import json
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from trl_env.calling.processor import ToolProcessor
 from trl_env.processors.derived import from_tokenizer
 from trl_env.rollout.history import DeployedHistory, Message
 
-__all__ = ["ChatHistories", "ChatRequest", "Reply", "normalize", "wire_message"]
+__all__ = ["ChatHistories", "ChatRequest", "Reply", "SamplingEnv", "SamplingEnvFactory", "normalize", "wire_message"]
 
 _KEEP = ("role", "content", "name", "tool_calls", "tool_call_id")
 _REASONING = ("reasoning_content", "reasoning", "thinking")
@@ -42,6 +42,33 @@ class ChatRequest(str):
 
     def __reduce__(self) -> tuple[Any, ...]:  # keeps the messages across a process boundary
         return (ChatRequest, (self.messages, self.tools))
+
+
+@runtime_checkable
+class SamplingEnv(Protocol):
+    """An env whose next turn asks for sampling settings of its own (an agent's: ``agent_env_factory(sampling=...)``).
+
+    The engine reads ``turn_sampling`` (on its scheduler thread: keep it a plain attribute) before each turn is
+    sampled and sends it as ``GenerationRequest.sampling``; a generator that cannot honour it fails the rollout with
+    a ``ConfigError`` (``check_request_sampling``). Such turns are sampled off the trainer's policy (docs/agents.md).
+    """
+
+    turn_sampling: Mapping[str, float]
+    """The next turn's own settings (``temperature``, ``top_p``); empty: the generator's."""
+
+
+@runtime_checkable
+class SamplingEnvFactory(Protocol):
+    """An env factory that says, before any episode, which per-request settings its envs' turns may ask for.
+
+    ``batch_rollout`` checks them against the generator first, so an unfit generator is refused before any episode.
+    """
+
+    request_sampling: frozenset[str]
+
+    def __call__(self) -> Any:
+        """A fresh env (a ``SamplingEnv``)."""
+        ...
 
 
 class Reply(str):

@@ -17,7 +17,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from trl_env.backends.base import FinishReason, Generation, GenerationRequest, Generator
+from trl_env.backends.base import FinishReason, Generation, GenerationRequest, Generator, check_request_sampling
 from trl_env.env import Closable, Env, Seed, Truncatable
 from trl_env.errors import (
     ConfigError,
@@ -28,6 +28,7 @@ from trl_env.errors import (
     TrlEnvError,
 )
 from trl_env.processors.base import check_processor, stop_token_ids
+from trl_env.rollout.chat import SamplingEnv, SamplingEnvFactory
 from trl_env.rollout.coalescing import COALESCE_S, check_coalesce, coalesce_window
 from trl_env.rollout.episode import Calls, EnvText, Opened, Stepped, check_env_timeout
 from trl_env.rollout.episode_state import Episode, anchor_of
@@ -119,6 +120,8 @@ def batch_rollout(
     check_processor(processor)
     check_env_timeout(env_timeout)
     check_coalesce(coalesce_s)
+    if isinstance(env_factory, SamplingEnvFactory):  # per-request sampling, refused before any episode if unfit
+        check_request_sampling(generator, env_factory.request_sampling, why=repr(env_factory))
     budgets = budgets or Budgets()
     stops = stop_token_ids(processor, tokenizer)
     closer = str(tokenizer.decode([stops[0]], skip_special_tokens=False))
@@ -219,9 +222,7 @@ class _Engine:
         now = time.perf_counter()
         for ep in ready:
             ep.submitted_at = now
-        requests = [
-            GenerationRequest(ep.prompt_ids + ep.completion_ids, ep.room(self.budgets), self.stops) for ep in ready
-        ]
+        requests = [self._request(ep) for ep in ready]
         try:
             futures = self.generator.submit(requests)
             if len(futures) != len(ready):
@@ -235,6 +236,15 @@ class _Engine:
         for future in futures:
             future.add_done_callback(self.done.put)
         return dict(zip(futures, ready, strict=True))
+
+    def _request(self, ep: Episode) -> GenerationRequest:
+        """The episode's next turn; with the env's own sampling (a ``SamplingEnv``'s) if it asks for any."""
+        ids, room = ep.prompt_ids + ep.completion_ids, ep.room(self.budgets)
+        own = ep.env.turn_sampling if isinstance(ep.env, SamplingEnv) else None
+        if not own:
+            return GenerationRequest(ids, room, self.stops)
+        check_request_sampling(self.generator, own, why=f"{type(ep.env).__name__}.turn_sampling")  # never dropped
+        return GenerationRequest(ids, room, self.stops, dict(own))
 
     def _poll(self, hold: float) -> float | None:
         """How long the scheduler may sleep: until held turns are due (``hold`` s) or an env call can be overdue."""
