@@ -21,6 +21,25 @@ Seed: TypeAlias = str
 Language: TypeAlias = str
 
 
+class RowSeed(str):
+    """A seed that carries the dataset row it came from (``prompt_to_seed`` of a row): ``row`` holds every column.
+
+    It is the seed text itself (``prompt_to_seed(row["prompt"])``), so an env that reads only ``str`` sees no
+    difference; an env that wants the row's other columns (an answer, a difficulty) reads ``seed.row``.
+    """
+
+    row: Mapping[str, Any]
+
+    def __new__(cls, seed: str, row: Mapping[str, Any]) -> RowSeed:
+        """``seed``: the row's seed text; ``row``: the whole dataset row."""
+        self = super().__new__(cls, seed)
+        self.row = row
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:  # keeps the row across a process boundary (``isolated``)
+        return (RowSeed, (str(self), self.row))
+
+
 @runtime_checkable
 class Env(Protocol):
     """A text environment, exactly as the seed defines it.

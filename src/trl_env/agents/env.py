@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from trl_env.agents.gateway import Gateway, Pending, Session, refuse, shared_gateway
 from trl_env.agents.run import AgentProgram, AgentRun
-from trl_env.env import Delta, Env, Seed
+from trl_env.env import Delta, Env, RowSeed, Seed
 from trl_env.errors import AgentError, ConfigError, EpisodeFailure
 from trl_env.rollout.chat import ChatRequest, Reply
 
@@ -57,13 +57,17 @@ class AgentEnv:
     def reset(self, seed: Seed) -> tuple[Env, Delta]:
         """Start the program with ``seed`` as its task; return its first model call.
 
+        A ``RowSeed`` gives the program its row's prompt as ``task`` and its other columns as ``AgentRun.extra``.
+
         Raises:
             EpisodeFailure: ``agent_error`` when the program raised or returned before calling the model.
         """
         gateway = self.gateway or shared_gateway()
         self._session = session = gateway.open()
-        self._run = run = AgentRun(task=seed, seed=seed, base_url=gateway.base_url, api_key=session.key,
-                                   model=gateway.model)  # fmt: skip
+        row: Mapping[str, Any] = seed.row if isinstance(seed, RowSeed) else {}
+        self._run = run = AgentRun(task=row.get("prompt", seed), seed=str(seed), base_url=gateway.base_url,
+                                   api_key=session.key, model=gateway.model,
+                                   extra={k: v for k, v in row.items() if k != "prompt"})  # fmt: skip
         threading.Thread(target=self._main, args=(run, session), daemon=True, name="trl-env-agent").start()
         return self._next()
 

@@ -21,7 +21,9 @@ class AgentRun:
     """One episode as its agent program sees it: the task, and where (and as whom) to call the model."""
 
     task: Any
-    """The episode's task: the dataset row's ``prompt`` value (a string or a list of chat messages)."""
+    """The episode's task: the dataset row's ``prompt`` value as the dataset holds it (a string or a list of chat
+    messages) where the trainer passes whole rows (``EpisodeGRPOTrainer``, ``TrlEnvRolloutWorker`` given rows);
+    else the seed."""
     seed: str
     """The episode's seed (the same rule as an ``Env``'s ``reset(seed)``)."""
     base_url: str
@@ -31,7 +33,8 @@ class AgentRun:
     model: str
     """The model name to send (any name is answered by the policy being trained; this one is reported)."""
     extra: dict[str, Any] = field(default_factory=dict)
-    """Anything else the dataset row carries (its other columns), read-only by convention."""
+    """The dataset row's other columns (all but ``prompt``), read-only by convention; empty where the seed carries no
+    row (``RowSeed``): GRPOTrainer's ``rollout_func`` is given the prompts only."""
     reported: list[float] = field(default_factory=list, repr=False, compare=False)
     """What ``report`` recorded, in order (read by the episode after each call)."""
 

@@ -133,14 +133,18 @@ def as_generator(generator: object) -> Generator:
     )
 
 
+def request_sampling_of(generator: object) -> frozenset[str]:
+    """The per-request sampling keys ``generator`` honours: a ``GeneratorBase``'s ``request_sampling``, else none."""
+    return generator.request_sampling if isinstance(generator, GeneratorBase) else frozenset()
+
+
 def check_request_sampling(generator: object, keys: Collection[str], *, why: str) -> None:
     """Refuse per-request sampling ``keys`` that ``generator`` does not honour (``GeneratorBase.request_sampling``).
 
     Raises:
         ConfigError: naming the generator, the keys it cannot honour, ``why`` they are asked for, and the fix.
     """
-    honoured = generator.request_sampling if isinstance(generator, GeneratorBase) else frozenset()
-    missing = sorted(set(keys) - honoured)
+    missing = sorted(set(keys) - request_sampling_of(generator))
     if missing:
         inner = generator.inner if isinstance(generator, _Minimal) else generator
         raise ConfigError(

@@ -221,7 +221,7 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
         mode = "train" if trainer.model.training else "eval"
         prompts = [x["prompt"] for x in inputs]
         sync_weights_once_per_step(self)
-        rollouts = func.rollouts(prompts, self)
+        rollouts = func.rollouts(inputs, self)  # whole rows: each seed carries its row (``RowSeed``, AgentRun.extra)
         advantages, rewards_per_func = self._score_episodes(inputs, prompts, rollouts, mode)  # every process's
         start = self.accelerator.process_index * len(rollouts)  # this process's episodes, in TRL's gathered order
         local = slice(start, start + len(rollouts))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypedDict
 
 from packaging.version import Version
@@ -20,7 +20,7 @@ from trl_env.backends.base import Generator, as_generator
 from trl_env.backends.vllm_colocate import VLLMColocateGenerator
 from trl_env.backends.vllm_server import VLLMServerGenerator
 from trl_env.credit import CreditEstimator, credit_estimator
-from trl_env.env import Env, Seed
+from trl_env.env import Env, RowSeed, Seed
 from trl_env.errors import ConfigError, TrlEnvError
 from trl_env.integrations.metrics import log_metrics
 from trl_env.integrations.options import (
@@ -88,11 +88,20 @@ def prompt_to_seed(prompt: object) -> Seed:
 
     The rule: a string is the seed itself; a number (``int``, ``float``, any real, not ``bool``) is
     its ``str``; a conversational prompt (a list of messages) gives the text of its last user
-    message (the rest of the list is ignored: use the processor's system prompt).
+    message (the rest of the list is ignored: use the processor's system prompt). A whole dataset row
+    (a mapping with a ``prompt`` column) gives its prompt's seed as a ``RowSeed`` carrying the row.
 
     Raises:
-        ConfigError: for anything else, e.g. a message list without a user message, ``None`` or a dict.
+        ConfigError: for anything else, e.g. a message list without a user message, ``None`` or a mapping
+            without ``prompt``.
     """
+    if isinstance(prompt, Mapping):
+        if "prompt" not in prompt:
+            raise ConfigError(
+                f"dataset row {dict(prompt)!r:.120} has no 'prompt' column, so it gives no env seed; name the seed's "
+                "column 'prompt'."
+            )
+        return RowSeed(prompt_to_seed(prompt["prompt"]), prompt)
     if isinstance(prompt, str):
         return prompt
     if isinstance(prompt, numbers.Real) and not isinstance(prompt, bool):
@@ -244,6 +253,9 @@ class RolloutFunction:
 
     def rollouts(self, prompts: list[Any], trainer: Any) -> list[Rollout]:
         """Run one episode per prompt, log its metrics and transcripts, and return the ``Rollout``s in order.
+
+        ``prompts`` may be whole dataset rows (``EpisodeGRPOTrainer`` passes them): each seed then carries its row
+        (``prompt_to_seed``, ``RowSeed``).
 
         Also takes over ``mask_truncated_completions`` (``self.mask_truncated`` holds the trainer's setting).
         """

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from trl_env.backends.base import Generation, GenerationRequest, GeneratorBase
+from trl_env.backends.base import Generation, GenerationRequest, GeneratorBase, request_sampling_of
 from trl_env.credit import EpisodeCredit, estimate
 from trl_env.errors import ServerError
 from trl_env.integrations.async_grpo.samples import (
@@ -247,6 +247,7 @@ class _GroupGenerator(GeneratorBase):
     def __init__(self, worker: TrlEnvRolloutWorker) -> None:
         self.worker, self.inner = worker, worker.generator
         self.continuous = bool(self.inner.continuous)
+        self.request_sampling = request_sampling_of(self.inner)  # requests pass through as they are
         self.first_version: int | None = None
         self.last_version: int | None = None
 

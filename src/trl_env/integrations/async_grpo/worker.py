@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from typing_extensions import Unpack
 
-from trl_env.backends.base import Generation, Generator, Sampling, as_generator
+from trl_env.backends.base import Generation, Generator, Sampling, as_generator, check_request_sampling
 from trl_env.backends.vllm_server import VLLMServerGenerator
 from trl_env.credit import CreditEstimator
 from trl_env.env import Env
@@ -37,6 +37,7 @@ from trl_env.integrations.trl_internals import require_tested_trl
 from trl_env.isolation import isolated
 from trl_env.processors.base import Processor
 from trl_env.rollout import History, Rollout
+from trl_env.rollout.chat import SamplingEnvFactory
 from trl_env.rollout.history import DeployedHistory
 from trl_env.rollout.transcripts import write_transcripts
 from trl_env.seats import Seating
@@ -165,6 +166,8 @@ class TrlEnvRolloutWorker:
             self.generator: Generator = VLLMServerGenerator(generator, **kwargs)  # type: ignore[arg-type]
         else:
             self.generator = as_generator(generator)
+        if isinstance(env_factory, SamplingEnvFactory):  # refused here, not on the first group's thread
+            check_request_sampling(self.generator, env_factory.request_sampling, why=repr(env_factory))
         self._named: Any = self.generator if self._owns_generator else generator
         """The object whose ``model`` field names the policy of each request (not a minimal generator's wrapper)."""
         self.env_factory, self.processor, self.tokenizer = env_factory, processor, tokenizer
