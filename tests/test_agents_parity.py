@@ -160,3 +160,47 @@ def test_tool_agent_rows_equal_the_tool_env_rows(name, marker, thought):
         # reads this reply as reasoning: the action is empty), so only the rows must agree
         assert a.reward == 1.0 and len(a.turns) == len(e.turns) == 3
     assert rows_of(agent_rollouts) == rows_of(env_rollouts)
+
+
+class QuietEnv:
+    """Three turns whose observations do not depend on the reply (so both paths see the same conversation)."""
+
+    def __init__(self):
+        self.reward, self.alive, self.turn, self.actions = 0.0, True, 0, []
+
+    def reset(self, seed):
+        return self, f"Start {seed}."
+
+    def step(self, action):
+        self.turn += 1
+        self.actions.append(str(action))
+        self.info = {"actions": self.actions}
+        self.alive = self.turn < 3
+        return self, f"Observation {self.turn}."
+
+
+def test_an_endoftext_mid_reply_is_part_of_the_reply_the_agent_gets_and_the_row_holds():
+    """The rule (docs/agents.md): a reply is every token sampled for the turn less the one that ended it. The agent is
+    answered with exactly that text, an <|endoftext|> sampled mid-reply and what follows included; the row holds those
+    tokens; the next prompt renders them (the Env path renders the same reply). An Env's action is the processor's
+    parse of the turn, which ends at <|endoftext|>."""
+    tokenizer = load_tokenizer("pypi:qwen2_5")
+    seen = []
+
+    def program(run):
+        client = run.openai(max_retries=0)
+        messages = [{"role": "user", "content": f"Start {run.seed}."}]
+        for turn in range(1, 4):
+            answer = client.chat.completions.create(model=run.model, messages=messages).choices[0].message
+            seen.append(answer.content)
+            messages += [answer.model_dump(exclude_none=True), {"role": "user", "content": f"Observation {turn}."}]
+        return 0.0
+
+    script = lambda k, p: f"{k}<|endoftext|>tail {k}<|im_end|>"  # noqa: E731
+    env_rollouts, agent_rollouts = both(tokenizer, from_tokenizer(tokenizer), script, QuietEnv, program, seeds=["7"])
+    assert rows_of(agent_rollouts) == rows_of(env_rollouts)
+    (row,) = agent_rollouts[0].rows  # one row: every call extended the last one verbatim
+    sampled = [i for i, m in zip(row.completion_ids, row.env_mask, strict=True) if m]
+    replies = tokenizer.decode(sampled, skip_special_tokens=False).split("<|im_end|>")[:-1]
+    assert seen == replies == [f"{k}<|endoftext|>tail {k}" for k in range(3)]
+    assert env_rollouts[0].info["env"]["actions"] == ["0", "1", "2"]  # the parse: the turn's text ends at <|endoftext|>
