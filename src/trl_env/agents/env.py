@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from trl_env.agents.gateway import Gateway, Pending, Session, refuse, shared_gateway
 from trl_env.agents.run import AgentProgram, AgentRun
+from trl_env.agents.wire import tool_choice_unmet
 from trl_env.env import Delta, Env, RowSeed, Seed
 from trl_env.errors import AgentError, ConfigError, EpisodeFailure
 from trl_env.rollout.chat import ChatRequest, Reply
@@ -86,6 +87,8 @@ class AgentEnv:
         pending, self._pending = self._pending, None
         if not pending.future.done():  # the client may have gone; the turn stands either way
             pending.future.set_result(action)
+        if tool_choice_unmet(pending.call, action.message):  # answered as sampled (agents/wire.py)
+            self.info["agent_tool_choice_unmet"] = self.info.get("agent_tool_choice_unmet", 0) + 1
         return self._next()
 
     def truncate(self, reason: str) -> None:

@@ -11,19 +11,21 @@ from __future__ import annotations
 import asyncio
 import atexit
 import collections
+import itertools
 import secrets
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from trl_env.agents.wire import ChatCall, WireError, completion, error_body, parse_request, stream_events
+from trl_env.agents.wire import ChatCall, WireError, answer_body, error_body, parse_request
 from trl_env.errors import ConfigError
 from trl_env.rollout.chat import Reply
 
-__all__ = ["Gateway", "Pending", "Session", "shared_gateway"]
+__all__ = ["Gateway", "Pending", "Session", "local_gateway", "shared_gateway"]
 
 MAX_BODY = 8 * 2**20
 """Request bodies above this many bytes are refused with 413 (configurable per gateway)."""
@@ -63,6 +65,15 @@ class Session:
     """Why the episode ended (no call is taken after it); ``None`` while it runs."""
     answered: int = 0
     changed: threading.Condition = field(default_factory=threading.Condition)
+    _ids: Iterator[int] = field(default_factory=itertools.count)
+
+    def call_ids(self) -> Iterator[str]:
+        """Ids for the tool calls of the next answer: ``call_0``, ``call_1``, ... counted over the whole episode.
+
+        Unique within the episode (every reply's calls continue the count), and the same for the same replies, so a
+        template that renders ids renders the same prompt in every run (vLLM's are random: ``chatcmpl-tool-<hex>``).
+        """
+        return (f"call_{k}" for k in self._ids)  # itertools.count's next is atomic under the GIL
 
     def submit(self, call: ChatCall) -> Future[Reply]:
         """Queue a call for the episode's next turn; a call after the episode ended is refused.
@@ -145,6 +156,8 @@ class Gateway:
             self._sock.close()
             raise ConfigError(f"the agents gateway cannot listen on {host}:{port}: {e}; pick another port.") from e
         self.host, self.port = host, self._sock.getsockname()[1]
+        with _local_lock:
+            _local[self.base_url] = self
         config = uvicorn.Config(self._app(), log_level="warning", timeout_keep_alive=_KEEP_ALIVE_S, backlog=4096,
                                 access_log=False, lifespan="off", http=_protocol(read_timeout_s))  # fmt: skip
         self._server = uvicorn.Server(config)
@@ -185,9 +198,42 @@ class Gateway:
             sessions = list(self._sessions.values())
         for session in sessions:
             self.close(session, "the gateway shut down")
+        with _local_lock:
+            _local.pop(self.base_url, None)
         self._server.should_exit = True
         self._thread.join(timeout=10)
         self._sock.close()
+
+    # -- what both transports serve: the loopback HTTP endpoint and the in-process one (agents/local.py) ----------
+
+    def accept(self, authorization: str, body: bytes) -> tuple[Session, ChatCall]:
+        """The session the ``Authorization`` header names and the request it sends.
+
+        Raises:
+            WireError: 401 (no or an unknown key), 409 (an ended episode's key), 413 (a body over ``max_body``),
+                400 (a malformed request).
+        """
+        session = self._session(authorization)
+        if len(body) > self.max_body:
+            raise WireError(413, f"the request body has {len(body)} bytes; the limit is {self.max_body}",
+                            code="request_too_large")  # fmt: skip
+        return session, parse_request(body)
+
+    def answer(self, session: Session, call: ChatCall, reply: Reply) -> bytes:
+        """The answer's body (a completion, or with ``call.stream`` its SSE events)."""
+        made, created = "chatcmpl-" + secrets.token_hex(12), int(time.time())
+        return answer_body(reply, call, id=made, created=created, model=call.model or self.model,
+                           call_ids=session.call_ids())  # fmt: skip
+
+    def models(self, authorization: str) -> dict[str, Any]:
+        """The ``GET /v1/models`` body: the one model name the gateway reports.
+
+        Raises:
+            WireError: as ``accept`` for the key.
+        """
+        self._session(authorization)
+        model = {"id": self.model, "object": "model", "created": 0, "owned_by": "trl-env"}
+        return {"object": "list", "data": [model]}
 
     # -- the ASGI app, on the server's event loop ------------------------------------------------------
 
@@ -199,8 +245,7 @@ class Gateway:
                   Route("/v1/models", self._models, methods=["GET"])]  # fmt: skip
         return Starlette(routes=routes)
 
-    def _session(self, request: Any) -> Session:
-        header = request.headers.get("authorization", "")
+    def _session(self, header: str) -> Session:
         key = header[7:].strip() if header[:7].lower() == "bearer " else ""
         with self._lock:
             session = self._sessions.get(key)
@@ -236,32 +281,25 @@ class Gateway:
                             code="request_timeout") from None  # fmt: skip
 
     async def _chat(self, request: Any) -> Any:
-        from starlette.responses import JSONResponse, Response, StreamingResponse
+        from starlette.responses import JSONResponse, Response
 
         try:
-            session = self._session(request)
-            call = parse_request(await self._body(request))
+            authorization = request.headers.get("authorization", "")
+            self._session(authorization)  # refused before its body is read
+            session, call = self.accept(authorization, await self._body(request))
             reply = await asyncio.wrap_future(session.submit(call))
         except WireError as e:
             return JSONResponse(error_body(e), status_code=e.status)
-        name = call.model or self.model
-        made, created = "chatcmpl-" + secrets.token_hex(12), int(time.time())
-        if call.stream:
-            events = stream_events(reply, call, id=made, created=created, model=name)
-            return StreamingResponse(iter(list(events)), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})  # fmt: skip
-        body = completion(reply, call, id=made, created=created, model=name).model_dump_json()
-        return Response(body, media_type="application/json")
+        media, headers = ("text/event-stream", STREAM_HEADERS) if call.stream else ("application/json", None)
+        return Response(self.answer(session, call, reply), media_type=media, headers=headers)
 
     async def _models(self, request: Any) -> Any:
         from starlette.responses import JSONResponse
 
         try:
-            self._session(request)
+            return JSONResponse(self.models(request.headers.get("authorization", "")))
         except WireError as e:
             return JSONResponse(error_body(e), status_code=e.status)
-        model = {"id": self.model, "object": "model", "created": 0, "owned_by": "trl-env"}
-        return JSONResponse({"object": "list", "data": [model]})
 
 
 def _protocol(header_timeout_s: float) -> type:
@@ -283,8 +321,19 @@ def _protocol(header_timeout_s: float) -> type:
     return HeadTimeout
 
 
+STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
 _shared: Gateway | None = None
 _shared_lock = threading.Lock()
+_local: dict[str, Gateway] = {}
+"""This process's running gateways by ``base_url`` (what ``local_gateway`` finds)."""
+_local_lock = threading.Lock()
+
+
+def local_gateway(base_url: str) -> Gateway | None:
+    """The gateway serving ``base_url`` in this process, or ``None`` (another process's, or shut down)."""
+    with _local_lock:
+        return _local.get(base_url)
 
 
 def shared_gateway() -> Gateway:

@@ -47,15 +47,25 @@ class AgentRun:
         self.reported.append(float(reward))
 
     def openai(self, **kwargs: Any) -> OpenAI:
-        """A real ``openai.OpenAI`` client bound to this episode (``kwargs`` go to its constructor)."""
+        """A real ``openai.OpenAI`` client bound to this episode (``kwargs`` go to its constructor).
+
+        In the gateway's process its ``http_client`` (unless given) hands calls to the gateway in-process, without
+        HTTP (``agents/local.py``): the same answers, a fraction of the CPU per call.
+        """
         import openai
 
+        from trl_env.agents.local import local_client
+
+        kwargs.setdefault("http_client", local_client(self.base_url))
         return openai.OpenAI(base_url=self.base_url, api_key=self.api_key, **kwargs)
 
     def async_openai(self, **kwargs: Any) -> AsyncOpenAI:
-        """A real ``openai.AsyncOpenAI`` client bound to this episode (``kwargs`` go to its constructor)."""
+        """A real ``openai.AsyncOpenAI`` client bound to this episode (``kwargs`` as for ``openai``, in-process too)."""
         import openai
 
+        from trl_env.agents.local import local_async_client
+
+        kwargs.setdefault("http_client", local_async_client(self.base_url))
         return openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, **kwargs)
 
 

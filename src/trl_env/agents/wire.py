@@ -1,10 +1,10 @@
-"""The OpenAI chat-completions wire: a validated reader for requests, and answers built with ``openai``'s own models.
+"""The OpenAI chat-completions wire: a validated reader for requests, and the answers' JSON bytes.
 
 Requests are read by a small validator (a malformed one is a ``WireError``: a 400 with OpenAI's error body);
-answers are ``openai.types.chat.ChatCompletion`` / ``ChatCompletionChunk`` objects, so the field names and shapes are
-the SDK's own. A stream is the whole answer replayed as chunks (content, reasoning, calls, finish, usage), as
-OpenEnv's capture server (``openenv.core.harness.capture.sse``) replays a complete response: the reply is sampled
-whole, never streamed token by token.
+answers are plain dicts with the fields and shapes of ``openai.types.chat.ChatCompletion`` / ``ChatCompletionChunk``
+(tests/test_agents_gateway.py reads them with the SDK), dumped once: no model is built per call. A stream is the whole
+answer replayed as chunks (content, reasoning, calls, finish, usage), as OpenEnv's capture server
+(``openenv.core.harness.capture.sse``) replays a complete response: the reply is sampled whole, never token by token.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from trl_env.rollout.chat import Reply, wire_message
 
-__all__ = ["ChatCall", "WireError", "completion", "error_body", "parse_request", "stream_events"]
+__all__ = ["ChatCall", "WireError", "answer_body", "error_body", "parse_request", "tool_choice_unmet"]
 
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 _SAMPLING = (
@@ -48,7 +48,10 @@ class ChatCall:
 
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]]
+    """The tools the request is rendered with: none with ``tool_choice="none"`` (so the reply's calls stay text)."""
     model: str
+    tool_choice: str | dict[str, Any] = "auto"
+    """``"auto"``, ``"none"``, ``"required"`` or ``{"type": "function", "function": {"name": ...}}`` (validated)."""
     stream: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
@@ -89,7 +92,8 @@ def parse_request(body: bytes) -> ChatCall:
     tools = data.get("tools") or []
     if not isinstance(tools, list) or not all(_is_tool(t) for t in tools):
         raise _bad("'tools' must be a list of {'type': 'function', 'function': {'name': ...}}", "tools")
-    _check_tool_choice(data.get("tool_choice"), {t["function"]["name"] for t in tools})
+    choice = data.get("tool_choice") or "auto"
+    _check_tool_choice(choice, {t["function"]["name"] for t in tools})
     if data.get("n", 1) not in (1, None):
         raise _bad(f"n={data.get('n')!r}: the gateway samples one choice per call (n=1)", "n")
     for name in ("max_tokens", "max_completion_tokens"):
@@ -110,8 +114,9 @@ def parse_request(body: bytes) -> ChatCall:
         raise _bad(f"top_logprobs={top!r}: must be an integer from 0 to 20", "top_logprobs")
     return ChatCall(
         messages=messages,
-        tools=tools,
+        tools=[] if choice == "none" else tools,  # vLLM's --exclude-tools-when-tool-choice-none: no call is parsed
         model=str(data.get("model") or ""),
+        tool_choice=choice,
         stream=bool(data.get("stream")),
         logprobs=bool(data.get("logprobs")),
         top_logprobs=top,
@@ -129,7 +134,7 @@ def _is_tool(tool: object) -> bool:
 
 
 def _check_tool_choice(choice: object, names: set[str]) -> None:
-    if choice is None or choice in ("auto", "none", "required"):
+    if choice in ("auto", "none", "required"):
         return
     function = choice.get("function") if isinstance(choice, Mapping) else None
     name = function.get("name") if isinstance(function, Mapping) else None
@@ -141,6 +146,21 @@ def _check_tool_choice(choice: object, names: set[str]) -> None:
         )
 
 
+def tool_choice_unmet(call: ChatCall, message: Mapping[str, Any]) -> bool:
+    """Whether a reply did not follow a ``"required"`` or named ``tool_choice``: no call, or a call to another tool.
+
+    Sampling is not constrained (vLLM's server constrains it with guided decoding; a processor cannot): the reply is
+    answered as sampled and ``AgentEnv`` counts it in ``info["agent_tool_choice_unmet"]``.
+    """
+    calls = message.get("tool_calls") or ()
+    if call.tool_choice == "required":
+        return not calls
+    if isinstance(call.tool_choice, Mapping):
+        name = call.tool_choice["function"]["name"]
+        return not calls or any(c["function"]["name"] != name for c in calls)
+    return False
+
+
 def finish_reason(reply: Reply) -> str:
     """``length`` (cut), ``tool_calls`` (the reply calls tools) or ``stop``."""
     if reply.finish_reason == "length":
@@ -148,21 +168,19 @@ def finish_reason(reply: Reply) -> str:
     return "tool_calls" if reply.message.get("tool_calls") else "stop"
 
 
-def completion(reply: Reply, call: ChatCall, *, id: str, created: int, model: str) -> Any:
-    """The non-streaming answer: an ``openai.types.chat.ChatCompletion``."""
-    from openai.types.chat import ChatCompletion
+def answer_body(reply: Reply, call: ChatCall, *, id: str, created: int, model: str, call_ids: Iterator[str]) -> bytes:
+    """The answer's bytes: a ``chat.completion`` object, or with ``stream`` the SSE ``data:`` lines of its chunks.
 
+    ``call_ids`` names the reply's tool calls (unique within the episode: ``Session.call_ids``).
+    """
     message = wire_message(reply)
-    choice = {"index": 0, "message": message, "finish_reason": finish_reason(reply), "logprobs": _logprobs(reply, call)}
-    head = {"id": id, "object": "chat.completion", "created": created, "model": model}
-    return ChatCompletion.model_validate({**head, "choices": [choice], "usage": _usage(reply)})
-
-
-def stream_events(reply: Reply, call: ChatCall, *, id: str, created: int, model: str) -> Iterator[str]:
-    """The streaming answer as SSE ``data:`` lines of ``ChatCompletionChunk``s, a usage chunk, then ``[DONE]``."""
-    from openai.types.chat import ChatCompletionChunk
-
-    message = wire_message(reply)
+    for c in message.get("tool_calls") or ():
+        c["id"] = next(call_ids)
+    logprobs = _logprobs(reply, call)
+    if not call.stream:
+        choice = {"index": 0, "message": message, "finish_reason": finish_reason(reply), "logprobs": logprobs}
+        head = {"id": id, "object": "chat.completion", "created": created, "model": model}
+        return _dumps({**head, "choices": [choice], "usage": _usage(reply)})
     head = {"id": id, "object": "chat.completion.chunk", "created": created, "model": model}
     deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
     if message.get("reasoning_content"):
@@ -171,18 +189,16 @@ def stream_events(reply: Reply, call: ChatCall, *, id: str, created: int, model:
         deltas.append({"content": message["content"]})
     for i, c in enumerate(message.get("tool_calls") or ()):
         deltas.append({"tool_calls": [{"index": i, **c}]})
-    logprobs = _logprobs(reply, call)
-    for k, delta in enumerate(deltas):
-        choice = {"index": 0, "delta": delta, "finish_reason": None, "logprobs": logprobs if k == 0 else None}
-        yield _event(ChatCompletionChunk.model_validate({**head, "choices": [choice]}))
-    last = {"index": 0, "delta": {}, "finish_reason": finish_reason(reply)}
-    yield _event(ChatCompletionChunk.model_validate({**head, "choices": [last]}))
-    yield _event(ChatCompletionChunk.model_validate({**head, "choices": [], "usage": _usage(reply)}))
-    yield "data: [DONE]\n\n"
+    chunks = [{**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None,
+                                    "logprobs": logprobs if k == 0 else None}]}
+              for k, delta in enumerate(deltas)]  # fmt: skip
+    chunks.append({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": finish_reason(reply)}]})
+    chunks.append({**head, "choices": [], "usage": _usage(reply)})
+    return b"".join(b"data: " + _dumps(chunk) + b"\n\n" for chunk in chunks) + b"data: [DONE]\n\n"
 
 
-def _event(chunk: Any) -> str:
-    return f"data: {chunk.model_dump_json(exclude_unset=True)}\n\n"
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def _usage(reply: Reply) -> dict[str, int]:
