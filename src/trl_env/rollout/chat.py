@@ -48,7 +48,8 @@ class ChatRequest(str):
 class SamplingEnv(Protocol):
     """An env whose next turn asks for sampling settings of its own (an agent's: ``agent_env_factory(sampling=...)``).
 
-    The engine reads ``turn_sampling`` (on its scheduler thread: keep it a plain attribute) before each turn is
+    Checked once per env class (set ``turn_sampling`` in ``__init__`` or on the class). The engine reads
+    ``turn_sampling`` (on its scheduler thread: keep it a plain attribute) before each turn is
     sampled and sends it as ``GenerationRequest.sampling``; a generator that cannot honour it fails the rollout with
     a ``ConfigError`` (``check_request_sampling``). Such turns are sampled off the trainer's policy (docs/agents.md).
     """

@@ -14,8 +14,8 @@ import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal, cast
 
 from trl_env.backends.base import FinishReason, Generation, GenerationRequest, Generator, check_request_sampling
 from trl_env.env import Closable, Env, Seed, Truncatable
@@ -151,6 +151,7 @@ class _Engine:
     coalesce_s: float | Literal["auto"]
     on_episode_end: Callable[[int], None] | None
     _step_s: float = 0.0  # a running average of env step times (for coalesce_s="auto")
+    _sampling_envs: dict[type, bool] = field(default_factory=dict)  # env class -> a SamplingEnv (checked once: ~27 us)
 
     def run(self, episodes: list[Episode], seeds: list[Seed | BaseException], env_workers: int) -> list[Rollout]:
         self.done: queue.SimpleQueue[Future[Any]] = queue.SimpleQueue()  # every future lands here once, when done
@@ -240,7 +241,10 @@ class _Engine:
     def _request(self, ep: Episode) -> GenerationRequest:
         """The episode's next turn; with the env's own sampling (a ``SamplingEnv``'s) if it asks for any."""
         ids, room = ep.prompt_ids + ep.completion_ids, ep.room(self.budgets)
-        own = ep.env.turn_sampling if isinstance(ep.env, SamplingEnv) else None
+        kind = type(ep.env)
+        if kind not in self._sampling_envs:
+            self._sampling_envs[kind] = isinstance(ep.env, SamplingEnv)
+        own = cast(SamplingEnv, ep.env).turn_sampling if self._sampling_envs[kind] else None
         if not own:
             return GenerationRequest(ids, room, self.stops)
         check_request_sampling(self.generator, own, why=f"{type(ep.env).__name__}.turn_sampling")  # never dropped
