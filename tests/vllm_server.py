@@ -23,6 +23,7 @@ When ``.venv-vllm`` is missing the fixtures SKIP with a reason that says how to 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -54,6 +55,9 @@ BASE_ARGS: tuple[str, ...] = (
     "--max-logprobs", "-1",
 )  # fmt: skip
 LORA_ARGS: tuple[str, ...] = ("--enable-lora", "--max-lora-rank", "8")
+#: The session server's own flags on top of BASE_ARGS: LoRA slots for AsyncGRPOTrainer's max_staleness=1 (it refuses
+#: fewer than max_staleness + 2). A module fixture that asks for this same launch shares the session server.
+SESSION_EXTRA_ARGS: tuple[str, ...] = ("--max-loras", "3")
 
 
 def vllm_python() -> Path | None:
@@ -232,6 +236,36 @@ class VllmServer:
     startup_s: float
 
 
+def shares_session_server(lora: bool, server_kwargs: Mapping[str, object]) -> bool:
+    """Whether a server started with ``lora`` and ``server_kwargs`` would be launched as the session server is."""
+    extra = server_kwargs.get("extra_args", ())
+    others = set(server_kwargs) - {"extra_args"}
+    return lora and isinstance(extra, Sequence) and tuple(map(str, extra)) == SESSION_EXTRA_ARGS and not others
+
+
+def _call(server: VllmServer, path: str, body: Mapping[str, object] | None = None) -> dict:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"{server.base_url}{path}", data, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as r:
+        answer = r.read()
+    return json.loads(answer) if answer.startswith(b"{") else {}
+
+
+def reset_server(server: VllmServer) -> list[str]:
+    """Bring a shared server back to a fresh one's state: generation not paused, no LoRA adapter loaded.
+
+    Returns the adapters it unloaded. Adapter names repeat between test modules (AsyncGRPOTrainer publishes
+    ``trl-policy-v1``, ``-v2``, ...; vLLM refuses to load a name twice), and a stale one would pass a check that
+    the current one is served. A test that failed inside a weight sync can leave the server paused.
+    """
+    if _call(server, "/is_paused").get("is_paused"):
+        _call(server, "/resume", {})
+    names = [card["id"] for card in _call(server, "/v1/models")["data"] if card["id"] != server.model]
+    for adapter in names:
+        _call(server, "/v1/unload_lora_adapter", {"lora_name": adapter})
+    return names
+
+
 try:
     import pytest
 except ImportError:  # the module is also usable as a plain library
@@ -254,8 +288,19 @@ if pytest is not None:
         """A pytest fixture that serves the tiny model (``vllm_tiny_model``) and yields a ``VllmServer``.
 
         ``lora=True`` (default) enables runtime LoRA loading; it costs little, so one server serves all tests.
-        Extra keyword arguments go to ``start_vllm_server``.
+        Extra keyword arguments go to ``start_vllm_server``. A fixture whose launch is the session server's
+        (``shares_session_server``) yields that server instead of starting another (a cold start is 50-90 s on
+        2 cores), with no LoRA adapter loaded at its start and none left at its end, as a fresh server would be.
         """
+        if scope != "session" and shares_session_server(lora, server_kwargs):
+
+            @pytest.fixture(scope=scope, name=name)
+            def _shared(vllm_server):
+                reset_server(vllm_server)
+                yield vllm_server
+                reset_server(vllm_server)
+
+            return _shared
 
         @pytest.fixture(scope=scope, name=name)
         def _fixture(vllm_tiny_model):
@@ -274,4 +319,4 @@ if pytest is not None:
 
         return save_tiny_model(tmp_path_factory.mktemp("vllm-tiny") / "tiny")
 
-    vllm_server = make_vllm_server_fixture()
+    vllm_server = make_vllm_server_fixture(extra_args=SESSION_EXTRA_ARGS)

@@ -1,0 +1,61 @@
+"""A module's vLLM server fixture launched as the session server is shares that server (one cold start of 50-90 s on
+2 cores instead of one per module), and hands it to each module in a fresh server's state."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+from vllm_server import SESSION_EXTRA_ARGS, make_vllm_server_fixture, reset_server, shares_session_server
+
+
+def test_only_the_session_servers_launch_shares_it():
+    assert shares_session_server(True, {"extra_args": list(SESSION_EXTRA_ARGS)})
+    assert shares_session_server(True, {"extra_args": ("--max-loras", 3)})  # the CLI sees the same text
+    assert not shares_session_server(False, {"extra_args": SESSION_EXTRA_ARGS})  # no LoRA: another engine
+    assert not shares_session_server(True, {})  # --max-loras 1
+    assert not shares_session_server(True, {"extra_args": [*SESSION_EXTRA_ARGS, "--enable-auto-tool-choice"]})
+    assert not shares_session_server(True, {"extra_args": SESSION_EXTRA_ARGS, "inproc_model": False})
+
+
+shared_server = make_vllm_server_fixture(name="shared_server", scope="module", extra_args=["--max-loras", "3"])
+
+
+def post(server, path: str, body: dict) -> int:
+    request = urllib.request.Request(
+        server.base_url + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def served(server) -> list[str]:
+    with urllib.request.urlopen(server.base_url + "/v1/models", timeout=30) as r:
+        return [card["id"] for card in json.loads(r.read())["data"]]
+
+
+def test_a_shared_server_is_the_session_server_and_reset_gives_back_a_fresh_ones_state(
+    vllm_server, shared_server, vllm_tiny_model, tmp_path
+):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    assert shared_server is vllm_server
+    assert served(shared_server) == [shared_server.model]  # the fixture starts the module with no adapter loaded
+    adapter = tmp_path / "trl-policy-v1"
+    base = AutoModelForCausalLM.from_pretrained(vllm_tiny_model)
+    get_peft_model(base, LoraConfig(r=8, target_modules=["q_proj", "v_proj"])).save_pretrained(adapter)
+    load = {"lora_name": "trl-policy-v1", "lora_path": str(adapter)}
+    assert post(shared_server, "/v1/load_lora_adapter", load) == 200
+    assert post(shared_server, "/v1/load_lora_adapter", load) == 400  # a name loads once: what the reset is for
+    assert post(shared_server, "/pause?mode=keep", {}) == 200  # as a test that failed inside a weight sync leaves it
+
+    assert reset_server(shared_server) == ["trl-policy-v1"]
+    assert served(shared_server) == [shared_server.model]
+    with urllib.request.urlopen(shared_server.base_url + "/is_paused", timeout=30) as r:
+        assert json.loads(r.read()) == {"is_paused": False}
+    assert post(shared_server, "/v1/load_lora_adapter", load) == 200  # the next module can publish its -v1
+    # the fixture's teardown unloads it again (test_vllm_server_smoke checks the session server serves only its model)
