@@ -4,11 +4,12 @@ One real vLLM CPU server (the tiny model; ``--url`` reuses a running one). Both 
 ``history="deployed"``, the same ``VLLMServerGenerator``, the same budgets and ``env_workers``:
 
 * ``env``: ``_common.BenchEnv`` (4 turns, plain observations) written as an ``Env``;
-* ``agent``: the same task as an agent program on the real ``openai`` SDK (``run.openai()``), one
-  ``chat.completions.create`` per turn, through the process's gateway (``agent_env_factory``), a fresh
-  ``openai.OpenAI`` per episode (``run.openai()``, as an unmodified program does);
-* ``agent-shared``: the same program given one ``httpx.Client`` for every episode (``run.openai(http_client=...)``):
-  each ``openai.OpenAI`` otherwise builds its own httpx client and SSL context (~58 ms of CPU on this machine).
+* ``agent``: the same task as an agent program on the real ``openai`` SDK, one ``chat.completions.create`` per turn,
+  through the process's gateway (``agent_env_factory``), a fresh ``openai.OpenAI`` per episode from ``run.openai()``
+  (as an unmodified program gets it): in the gateway's process its calls are served in-process (agents/local.py);
+* ``agent-http``: the same program on ``openai.OpenAI(base_url=run.base_url, api_key=run.api_key)``, a fresh client
+  per episode over loopback HTTP (what ``run.openai()`` gave before agents/local.py, and what a program in another
+  process gets): the SDK's httpx client with its own SSL context and connection pool, uvicorn and Starlette.
 
 Every turn samples exactly ``--tokens`` tokens (``ignore_eos``; cut turns go on: ``parse_truncated_turns=True``), so
 both paths ask the server for the same work. Repetitions are interleaved in shuffled order after a warm-up.
@@ -29,6 +30,9 @@ wall and the process's CPU are the paths' own (rendering, parsing, the engine; f
 gateway too). The CPU per call, agent minus env, is what the agent path adds on the trainer's process:
 
     python benchmarks/bench_agents.py --scripted --episodes 64 256 --repeat 3
+
+``--sdk-floor``: the openai SDK's own CPU per ``create`` (and per ``openai.OpenAI()``) against an ``httpx.MockTransport``
+that answers at once, by conversation length: what any server's agent path costs on the program's side.
 """
 
 from __future__ import annotations
@@ -52,16 +56,21 @@ from trl_env import Budgets, Ending, VLLMServerGenerator, batch_rollout
 from trl_env.agents import AgentEnv, agent_env_factory
 from trl_env.agents.run import AgentRun
 
-PATHS = ["env", "agent", "agent-shared"]
+PATHS = ["env", "agent", "agent-http"]
 _client_times: dict[str, list[tuple[float, float]]] = {}
 _client_lock = threading.Lock()
 _errors: list[str] = []
 TURNS = [4]  # set by main: the program's number of calls
 
 
-def agent_program(run: AgentRun, http_client: Any = None) -> float:
+def agent_program(run: AgentRun, http: bool = False) -> float:
     """``BenchEnv``'s task (4 turns, the same observations) on the openai SDK; records each call's client time."""
-    client = run.openai(max_retries=0, timeout=600, **({"http_client": http_client} if http_client else {}))
+    if http:
+        import openai
+
+        client = openai.OpenAI(base_url=run.base_url, api_key=run.api_key, max_retries=0, timeout=600)
+    else:
+        client = run.openai(max_retries=0, timeout=600)
     turns = TURNS[0]
     messages: list[dict[str, Any]] = [
         {"role": "user", "content": f"Episode {run.seed}. Say anything; this game lasts {turns} turns."}
@@ -83,24 +92,8 @@ def agent_program(run: AgentRun, http_client: Any = None) -> float:
             messages.append({"role": "user", "content": f"Turn {turn} noted. Next."})
     with _client_lock:
         _client_times[run.seed] = times
-    if http_client is None:
-        client.close()
+    client.close()
     return float(turns)
-
-
-_shared_http: list[Any] = []
-
-
-def shared_client_program(run: AgentRun) -> float:
-    """``agent_program`` with one ``httpx.Client`` for every episode (``run.openai(http_client=...)``): building an
-    ``openai.OpenAI`` makes its own httpx client and SSL context, ~58 ms of CPU each on this machine."""
-    with _client_lock:
-        if not _shared_http:
-            import httpx
-
-            limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
-            _shared_http.append(httpx.Client(limits=limits, timeout=600))
-    return agent_program(run, _shared_http[0])
 
 
 class TimedAgentEnv(AgentEnv):
@@ -204,6 +197,48 @@ def added_latency(rollouts: list) -> tuple[list[float], list[float], list[float]
     return added, client, engine
 
 
+def sdk_floor(calls: int = 300) -> str:
+    """The SDK's CPU per ``chat.completions.create`` (and ``model_dump`` of its message) with 1-7 messages, and per
+    ``openai.OpenAI()`` with and without an ``http_client``: no server, no gateway, a canned answer."""
+    import json
+
+    import httpx
+    import openai
+
+    message = {"role": "assistant", "content": " ".join(["word"] * 16)}
+    choice = {"index": 0, "message": message, "finish_reason": "length", "logprobs": None}
+    usage = {"prompt_tokens": 10, "completion_tokens": 16, "total_tokens": 26}
+    body = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": [choice],
+                       "usage": usage}).encode()  # fmt: skip
+    transport = httpx.MockTransport(
+        lambda r: httpx.Response(200, content=body, headers={"content-type": "application/json"})
+    )
+
+    def client() -> Any:
+        http = httpx.Client(transport=transport, trust_env=False)
+        return openai.OpenAI(base_url="http://x/v1", api_key="k", max_retries=0, http_client=http)
+
+    messages: list[Any] = [{"role": "user", "content": "Episode 0. Say anything; this game lasts 4 turns."}]
+    for turn in range(1, 4):
+        messages += [message, {"role": "user", "content": f"Turn {turn} noted. Next."}]
+    lines, c = ["| messages | SDK CPU ms per create |", "|---|---|"], client()
+    for n in (1, 3, 5, 7):
+        for _ in range(20):  # warm-up
+            c.chat.completions.create(model="m", messages=messages[:n])
+        t0 = time.process_time()
+        for _ in range(calls):
+            c.chat.completions.create(model="m", messages=messages[:n]).choices[0].message.model_dump(exclude_none=True)
+        lines.append(f"| {n} | {(time.process_time() - t0) / calls * 1e3:.2f} |")
+    for label, make in (("openai.OpenAI(http_client=<an httpx.Client on a transport>)", client),
+                        ("openai.OpenAI() (its own httpx client and SSL context)",
+                         lambda: openai.OpenAI(base_url="http://x/v1", api_key="k"))):  # fmt: skip
+        t0 = time.process_time()
+        for _ in range(20):
+            make()
+        lines.append(f"| {label} | {(time.process_time() - t0) / 20 * 1e3:.2f} per client |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--episodes", type=int, nargs="+", default=None, help="concurrent episodes (default 64 256)")
@@ -219,7 +254,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", "--base-url", dest="base_url", default=None, help="reuse this running vLLM server")
     parser.add_argument("--server-omp", choices=sorted(C.SERVER_OMP), default="1",
                         help="OpenMP threads of a fresh server (see _common.SERVER_OMP)")  # fmt: skip
+    parser.add_argument("--sdk-floor", action="store_true", help="only the openai SDK's own CPU per call, no server")
     args = parser.parse_args(argv)
+    if args.sdk_floor:
+        print(sdk_floor())
+        return 0
     if args.quick:
         args.turns, args.tokens = min(args.turns, 2), min(args.tokens, 8)
     sizes = args.episodes or ([4] if args.quick else [64, 256])
@@ -255,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         budgets = Budgets(max_turns=args.turns, max_new_tokens=args.tokens, max_completion_tokens=4096)
         agent_env_factory(agent_program)  # its checks (the agents extra)
         factories = {"env": C.EnvFactory(args.turns), "agent": functools.partial(TimedAgentEnv, agent_program),
-                     "agent-shared": functools.partial(TimedAgentEnv, shared_client_program)}  # fmt: skip
+                     "agent-http": functools.partial(TimedAgentEnv, functools.partial(agent_program, http=True))}  # fmt: skip
 
         def run(path: str, n: int) -> dict[str, Any]:
             seeds = [f"{n}-{i}" for i in range(n)]
@@ -312,8 +351,8 @@ def report(results: dict, sizes: list[int], reps: int, args: argparse.Namespace,
         f"Machine: {notes}. Server: {server}. {reps} timed repetitions per (path, N) after a warm-up, interleaved in "
         f"shuffled order; total {total:.0f} s. Workload: N concurrent episodes x {args.turns} turns x exactly "
         f"{args.tokens} sampled tokens, history='deployed', env_workers={args.env_workers}, one VLLMServerGenerator. "
-        "agent: a fresh `openai.OpenAI` per episode (`run.openai()`); agent-shared: the same program given one "
-        "`httpx.Client` for all episodes (`run.openai(http_client=...)`).",
+        "agent: a fresh `openai.OpenAI` per episode from `run.openai()` (served in-process); agent-http: a fresh "
+        "`openai.OpenAI(base_url=run.base_url, ...)` per episode (loopback HTTP).",
         "",
         "| N | path | wall s, median (min-max) | / env (target <= 1.15) | completion requests per turn | prompts per "
         "request | client CPU s | CPU ms per call |",
