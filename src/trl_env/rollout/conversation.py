@@ -7,6 +7,7 @@ an added token the tokenizer splits on first (checked on probe texts). Anything 
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 from collections.abc import Callable
@@ -17,6 +18,8 @@ Message = dict[str, Any]
 _SLOT = "TRLENVSLOT7c2d{}Q"  # plain text no template rewrites; stands for a message's text in a tail rendering
 _SLOTS = re.compile(r"TRLENVSLOT7c2d(\d+)Q")
 _PLAIN_ROLES = {"system", "user", "assistant"}
+Read = tuple[tuple[Any, ...], list[str]]
+"""A shape of messages (``Incremental.read``) and their texts in slot order."""
 
 
 @dataclass(frozen=True)
@@ -138,31 +141,65 @@ class Incremental:
             return False
         return True
 
-    def tail(self, conversation: Conversation, new: list[Message]) -> str | None:
+    def extend(self, previous: Conversation | None, messages: list[Message]) -> Conversation | None:
+        """``DeployedHistory.extend`` for plain messages (``read``) after a plain conversation; else ``None``.
+
+        Renders only the opening and the new messages where the template appends (``tail``) and tokenises only the
+        text after the last cut the previous rendering keeps (``tokenise``).
+        """
+        if previous is None:
+            head, new, memo = len(messages), messages, {}
+        elif previous.plain:
+            head, new, memo = previous.head, messages[len(previous.messages) :], previous.memo
+        else:
+            return None
+        read = self.read(new) if self.allowed else None
+        if read is None:
+            return None
+        text, kept = None, 0
+        if previous is not None and previous.text and self.appends():
+            text = self.tail(previous, new, read)
+            if text is not None:  # it starts with previous.text less the generation prompt
+                kept = len(previous.text) - memo["opening"][2]
+        if text is None:
+            text = self.render(messages, True)
+        if previous is None and self.appends():
+            self._open(memo, text, self.render(messages, False))
+        stable = len(text) - memo["opening"][2] if "opening" in memo else len(text)
+        ids, cuts = self.tokenise(text, stable, previous, kept)
+        return Conversation(messages, text, ids, cuts, head, True, memo)
+
+    @staticmethod
+    def _open(memo: dict[Any, Any], with_prompt: str, without: str) -> None:
+        """Keep the opening's renderings with the generation prompt and without, and how they differ.
+
+        Their length difference, and whether the first starts with the second (else no tail fits).
+        """
+        memo["opening"] = (with_prompt, without, len(with_prompt) - len(without), with_prompt.startswith(without))
+
+    def tail(self, conversation: Conversation, new: list[Message], read: Read | None = None) -> str | None:
         """The rendering of ``conversation``'s messages and ``new``, from its rendering.
 
         Renders at most the opening and ``new`` (once per shape of ``new``, in an episode); ``None`` where the
-        renderings do not fit together.
+        renderings do not fit together. ``read``: ``read(new)``, where the caller has it.
         """
         memo, opening = conversation.memo, conversation.messages[: conversation.head]
         if "opening" not in memo:
-            memo["opening"] = (self.render(opening, True), self.render(opening, False))
-        with_prompt, without = memo["opening"]
-        prompt, previous = with_prompt[len(without) :], conversation.text
-        if not with_prompt.startswith(without) or not previous.endswith(prompt):
+            self._open(memo, self.render(opening, True), self.render(opening, False))
+        with_prompt, without, prompt, fits = memo["opening"]
+        previous = conversation.text
+        if not fits or not previous.endswith(with_prompt[len(without) :]):
             return None
-        keys = [sorted(m) for m in new]
-        values = [m[k] for m, ks in zip(new, keys, strict=True) for k in ks if k != "role"]
-        shape = tuple((m["role"], *ks, *(bool(m[k]) for k in ks)) for m, ks in zip(new, keys, strict=True))
-        if shape not in memo:
-            memo[shape] = self._layout(opening, new, without)
-        layout = memo[shape]  # the tail as a format string: template text, a {k} for each message text
+        shape, values = read or self._texts(new)
+        layout = memo.get(shape, False)  # the tail as a format string: template text, a {k} for each message text
+        if layout is False:
+            layout = memo[shape] = self._layout(opening, new, without)
         if layout is None:
             rendered = self.render([*opening, *new], True)
             if not rendered.startswith(without):
                 return None
-            return previous[: len(previous) - len(prompt)] + rendered[len(without) :]
-        return previous[: len(previous) - len(prompt)] + layout.format(*values)
+            return previous[: len(previous) - prompt] + rendered[len(without) :]
+        return previous[: len(previous) - prompt] + layout.format(*values)
 
     def _layout(self, opening: list[Message], new: list[Message], without: str) -> str | None:
         """The tail rendering of ``new`` as a format string: template text, a ``{k}`` slot for its ``k``-th text.
@@ -173,7 +210,7 @@ class Incremental:
 
         def filled(texts: list[str]) -> list[Message]:
             it = iter(texts)
-            return [{k: (v if k == "role" else next(it)) for k, v in sorted(m.items())} for m in new]
+            return [{k: (v if k == "role" else next(it)) for k, v in m.items()} for m in new]
 
         count = sum(len(m) - 1 for m in new)
         marked = self.render([*opening, *filled([_SLOT.format(j) for j in range(count)])], True)
@@ -181,7 +218,7 @@ class Incremental:
             return None
         parts = _SLOTS.split(marked[len(without) :])
         pieces: list[str | int] = [p if i % 2 == 0 else int(p) for i, p in enumerate(parts)]
-        values = [m[k] for m in new for k in sorted(m) if k != "role"]
+        values = self._texts(new)[1]
         edges = [f"\n {j} x \n" if v else "" for j, v in enumerate(values)]
         actual = self.render([*opening, *filled(edges)], True)
         predicted = without + "".join(p if isinstance(p, str) else edges[p] for p in pieces)
@@ -189,16 +226,35 @@ class Incremental:
             return None
         return "".join(p.replace("{", "{{").replace("}", "}}") if isinstance(p, str) else f"{{{p}}}" for p in pieces)
 
-    def plain(self, messages: list[Message]) -> bool:
-        """Messages the probes stand for: system, user and assistant text; no tool calls, no added token anywhere."""
-        fields = {"role", "content", self.reasoning_field}
+    def read(self, messages: list[Message]) -> Read | None:
+        """The shape and texts of messages the probes stand for; ``None`` for others.
+
+        Those are system, user and assistant text (and the reasoning field): no tool calls, no added token's string
+        anywhere. The shape (each message's role, keys in order and which texts are empty) picks the tail layout;
+        the texts fill its slots, in order.
+        """
+        shape, values = [], []
         for m in messages:
-            if m.get("role") not in _PLAIN_ROLES or not fields.issuperset(m):
-                return False
-            for k, v in m.items():
-                if k != "role" and (not isinstance(v, str) or (self.added is not None and self.added.search(v))):
-                    return False
-        return True
+            keys = tuple(m)
+            if m.get("role") not in _PLAIN_ROLES or not self._fields.issuperset(keys):
+                return None
+            texts = [m[k] for k in keys if k != "role"]
+            for v in texts:
+                if type(v) is not str or (self.added is not None and self.added.search(v)):
+                    return None
+            shape.append((m["role"], keys, *map(bool, texts)))
+            values += texts
+        return tuple(shape), values
+
+    def _texts(self, messages: list[Message]) -> Read:
+        """``read``'s answer for any messages (the probes' own, which need not be plain)."""
+        keyed = [(m, tuple(m)) for m in messages]
+        values = [m[k] for m, keys in keyed for k in keys if k != "role"]
+        return tuple((m["role"], keys, *(bool(m[k]) for k in keys if k != "role")) for m, keys in keyed), values
+
+    @functools.cached_property
+    def _fields(self) -> frozenset[str | None]:
+        return frozenset(("role", "content", self.reasoning_field))
 
     def tokenise(
         self, text: str, stable: int, previous: Conversation | None, kept: int = 0
@@ -212,8 +268,10 @@ class Incremental:
         """
         chars, count = 0, 0
         if previous is not None and previous.plain:
-            chars, count = next(((c, k) for c, k in reversed(previous.cuts)
-                                 if c <= kept or text.startswith(previous.text[:c])), (0, 0))  # fmt: skip
+            for c, k in reversed(previous.cuts):
+                if c <= kept or text.startswith(previous.text[:c]):
+                    chars, count = c, k
+                    break
         ids = previous.ids[:count] if previous is not None else []  # the one copy of the kept ids
         cut = chars
         if self.added is not None:

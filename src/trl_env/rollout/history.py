@@ -151,9 +151,7 @@ class DeployedHistory:
         malformed call stays in the content as written.
         """
         sampled = text
-        stops = self._stops
-        eos = str(getattr(self.tokenizer, "eos_token", None) or "")
-        for stop in [*stops, eos]:
+        for stop in self._stops:
             if stop and text.endswith(stop):
                 text = text[: -len(stop)]
                 break
@@ -172,10 +170,9 @@ class DeployedHistory:
 
     @functools.cached_property
     def _stops(self) -> list[str]:
-        """The processor's stop strings (a runtime protocol check is slow: once)."""
-        if not isinstance(self.processor, StopStrings):
-            return []
-        return [str(s) for s in getattr(self.processor, "stop_strings", ())]
+        """The processor's stop strings and the tokenizer's EOS token (a runtime protocol check is slow: once)."""
+        stops = getattr(self.processor, "stop_strings", ()) if isinstance(self.processor, StopStrings) else ()
+        return [*map(str, stops), str(getattr(self.tokenizer, "eos_token", None) or "")]
 
     def _carried(self, text: str) -> Message:
         """``content`` (and the reasoning field) of a reply's ``text``, as a chat pipeline sends them back."""
@@ -210,12 +207,20 @@ class DeployedHistory:
 
         The template reads the reasoning off the content (Nemotron 3 renders a content without the opener as given).
         """
+        opener = self._opener
+        if opener is None or opener[1] not in content or opener[0] in content:
+            return content
+        return opener[2] + content
+
+    @functools.cached_property
+    def _opener(self) -> tuple[str, str, str] | None:
+        """Where the generation prompt opens reasoning: the open and close tags, and the prompt from its open tag."""
         tags = getattr(self.base, "reasoning_tags", None)
         opens = getattr(self.base, "prompt_opens_reasoning", None)
-        if not (tags and callable(opens) and opens() and tags[1] in content and tags[0] not in content):
-            return content
+        if not (tags and callable(opens) and opens()):
+            return None
         prompt = self.base.init_system_input("")
-        return prompt[prompt.rfind(tags[0]) :] + content if tags[0] in prompt else content
+        return tags[0], tags[1], prompt[prompt.rfind(tags[0]) :] if tags[0] in prompt else ""
 
     def _with_calls(self, carried: Message, action: ToolCalls) -> Message:
         assert isinstance(self.processor, ToolProcessor)
@@ -257,27 +262,11 @@ class DeployedHistory:
         and the new messages are rendered; where no env text spells an added token, only the text after the last
         clean added token the previous rendering shares is tokenised. Otherwise ``encode``.
         """
-        inc = self.incremental
-        head = len(messages) if previous is None else previous.head
-        old = [] if previous is None else previous.messages
-        new = messages[len(old) :]
-        memo = {} if previous is None else previous.memo
-        plain = inc.allowed and inc.plain(new) and (previous is None or previous.plain)
-        if not plain:
-            return Conversation(messages, "", self.encode(messages), (), head, False, memo)
-        text, kept = None, 0
-        if previous is not None and previous.text and inc.appends():
-            text = inc.tail(previous, new)
-            if text is not None:  # it starts with previous.text less the generation prompt
-                kept = len(previous.text) - len(memo["opening"][0]) + len(memo["opening"][1])
-        if text is None:
-            text = _render(self.tokenizer, messages, self.render_kwargs)
-        if previous is None and inc.appends():
-            memo["opening"] = (text, inc.render(messages, False))
-        opening = memo.get("opening")
-        stable = len(text) - len(opening[0]) + len(opening[1]) if opening else len(text)
-        ids, cuts = inc.tokenise(text, stable, previous, kept)
-        return Conversation(messages, text, ids, cuts, head, True, memo)
+        conversation = self.incremental.extend(previous, messages)
+        if conversation is not None:
+            return conversation
+        head, memo = (len(messages), {}) if previous is None else (previous.head, previous.memo)
+        return Conversation(messages, "", self.encode(messages), (), head, False, memo)
 
     def encode(self, messages: list[Message]) -> list[int]:
         """The ids of the template's rendering of ``messages`` with the generation prompt; env text kept plain.
