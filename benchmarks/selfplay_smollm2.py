@@ -239,7 +239,8 @@ def write_summary(out: Path, argv: list[str]) -> dict[str, Any]:
         meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
         seed = int(name.removeprefix("after_seed")) if name.startswith("after_seed") else None
         phase = "before" if name == "before" else "after"
-        evals.append({"phase": phase, "seed": seed, "seat": int(seat), **meta, **seat_row(summary, int(seat))})
+        evals.append({**seat_row(summary, int(seat)), **meta, "phase": phase, "seed": seed, "seat": int(seat)})
+    evals.sort(key=lambda e: (e["phase"] != "before", e["seed"] or 0, e["seat"]))
     trains = [json.loads(p.read_text()) for p in sorted(out.glob("train_seed*.json"))]
     lines = [
         "# Self-play on SmolLM2: win rate against random_move before and after", "",
