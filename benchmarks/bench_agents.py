@@ -246,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=16, help="sampled tokens per turn (exactly)")
     parser.add_argument("--env-workers", type=int, default=16, help="batch_rollout's env_workers (its default: 16)")
+    parser.add_argument("--coalesce-s", default="auto", help="batch_rollout's coalesce_s: 'auto' or seconds")
     parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS), help="which paths (env first)")
     parser.add_argument("--scripted", action="store_true", help="no server: an instant generator (CPU per call)")
     parser.add_argument("--quick", action="store_true", help="4 episodes x 2 turns, one repetition: a smoke test")
@@ -269,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.paths[0] != "env":
         parser.error("--paths: the env path comes first (the ratios are to it)")
     PATHS[:] = args.paths
+    coalesce = args.coalesce_s if args.coalesce_s == "auto" else float(args.coalesce_s)
     TURNS[0] = args.turns
 
     from transformers import AutoTokenizer
@@ -301,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
             counter.take()
             cpu0, t0 = time.process_time(), time.perf_counter()
             rollouts = batch_rollout(seeds, factories[path], processor, tokenizer, gen, budgets=budgets,
-                                     parse_truncated_turns=True, env_workers=args.env_workers,
+                                     parse_truncated_turns=True, env_workers=args.env_workers, coalesce_s=coalesce,
                                      history="deployed")  # fmt: skip
             wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
             check(rollouts, n, args.turns, path)
@@ -350,7 +352,8 @@ def report(results: dict, sizes: list[int], reps: int, args: argparse.Namespace,
         "",
         f"Machine: {notes}. Server: {server}. {reps} timed repetitions per (path, N) after a warm-up, interleaved in "
         f"shuffled order; total {total:.0f} s. Workload: N concurrent episodes x {args.turns} turns x exactly "
-        f"{args.tokens} sampled tokens, history='deployed', env_workers={args.env_workers}, one VLLMServerGenerator. "
+        f"{args.tokens} sampled tokens, history='deployed', env_workers={args.env_workers}, coalesce_s={args.coalesce_s}, one "
+        "VLLMServerGenerator. "
         "agent: a fresh `openai.OpenAI` per episode from `run.openai()` (served in-process); agent-http: a fresh "
         "`openai.OpenAI(base_url=run.base_url, ...)` per episode (loopback HTTP).",
         "",
