@@ -46,6 +46,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -113,19 +114,21 @@ class TimedAgentEnv(AgentEnv):
 
 
 class InstantGenerator:
-    """A generator that answers every request at once with the same ``tokens`` ids, cut by the budget (``--scripted``).
+    """A generator that answers every request with the same ``tokens`` ids, cut by the budget (``--scripted``).
 
+    At once (a wave generator: the engine hands it every waiting episode), or with ``latency_s`` > 0 after that
+    long, as a continuous one (the engine coalesces as for a server: ``--scripted-latency-ms``).
     ``requests``/``prompts`` count its ``submit`` calls and their requests, as ``CountingPost`` counts the server's.
     """
 
-    continuous = False
     context_limit = None
 
-    def __init__(self, tokenizer: Any, tokens: int) -> None:
+    def __init__(self, tokenizer: Any, tokens: int, latency_s: float = 0.0) -> None:
         text = " ".join(["word"] * tokens * 2)
         self.ids = list(tokenizer.encode(text, add_special_tokens=False))[:tokens]
         self.requests = self.prompts = 0
         self.lock = threading.Lock()
+        self.latency_s, self.continuous = latency_s, latency_s > 0
 
     def submit(self, requests: Sequence[Any]) -> list[Any]:
         from trl_env.backends.base import FinishReason, Generation, resolved
@@ -137,7 +140,13 @@ class InstantGenerator:
         for r in requests:
             ids = self.ids[: r.max_tokens]
             out.append(resolved(Generation(ids, [-0.5] * len(ids), FinishReason.LENGTH)))
-        return out
+        if not self.continuous:
+            return out
+        later = [Future() for _ in out]  # type: ignore[var-annotated]
+        timer = threading.Timer(self.latency_s, lambda: [f.set_result(o.result()) for f, o in zip(later, out)])
+        timer.daemon = True
+        timer.start()
+        return later
 
     def take(self) -> tuple[int, int]:
         with self.lock:
@@ -249,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--coalesce-s", default="auto", help="batch_rollout's coalesce_s: 'auto' or seconds")
     parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS), help="which paths (env first)")
     parser.add_argument("--scripted", action="store_true", help="no server: an instant generator (CPU per call)")
+    parser.add_argument("--scripted-latency-ms", type=float, default=0.0,
+                        help="--scripted: answer each request after this long, as a continuous generator")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="4 episodes x 2 turns, one repetition: a smoke test")
     parser.add_argument("--out", default=None, help="results folder (default benchmarks/results/agents)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the interleaving order")
@@ -287,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         gen: Any
         if args.scripted:
             server: dict[str, Any] = {"scripted": "an instant generator, no server"}
-            gen = counter = InstantGenerator(tokenizer, args.tokens)
+            gen = counter = InstantGenerator(tokenizer, args.tokens, args.scripted_latency_ms / 1e3)
         else:
             server = C.server_config(base_url)
             counter = CountingPost(64)
