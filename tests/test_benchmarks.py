@@ -3,8 +3,8 @@
 Timing targets live in the benchmarks (benchmarks/README.md), never here: these only check that the scripts
 work. bench_scheduling runs against the session's real vLLM server fixture (skipped without .venv-vllm unless
 TRL_ENV_REQUIRE_VLLM=1); bench_scale's --quick mode uses its local stand-in server and bench_turn_cost needs
-no server, so both run everywhere. bench_async starts its own vLLM server with LoRA enabled (it needs the
-trainer's adapter sync), so it needs .venv-vllm too. bench_credit trains the tiny model in process (no server).
+no server, so both run everywhere. bench_async runs against the session's server too (LoRA enabled: it needs the
+trainer's adapter sync). bench_credit trains the tiny model in process (no server).
 bench_agents runs against the session's vLLM server too. bench_sandbox needs what the sandbox needs (Linux,
 bubblewrap, root or user namespaces) and the git history (it extracts the sandbox at 37d30fd with git archive); it is
 skipped without them.
@@ -72,8 +72,9 @@ def test_bench_agents_quick_env_and_agent_side_by_side_against_vllm(vllm_server,
 
 
 def test_bench_async_quick_sync_against_async_trainer(vllm_server, tmp_path):
-    """Sync GRPOTrainer + rollout_func against AsyncGRPOTrainer + the trl-env worker (own LoRA server)."""
-    text = run_quick("bench_async.py", tmp_path, timeout=420)
+    """Sync GRPOTrainer + rollout_func against AsyncGRPOTrainer + the trl-env worker, on the session's LoRA server
+    (its --max-loras 3 is what max_staleness 1 needs; a server of the script's own would cost another cold start)."""
+    text = run_quick("bench_async.py", tmp_path, "--base-url", vllm_server.base_url, timeout=420)
     assert "sync" in text and "async" in text, text
 
 
