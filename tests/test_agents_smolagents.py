@@ -26,9 +26,10 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "experiment" / "examples")
 
 import agent_smolagents  # noqa: E402  # the example's agent: smolagents, a multiply tool
 
-# smolagents' ToolCallingAgent sends tool_choice="required", which vLLM's own endpoint serves only with a tool parser
+# smolagents' ToolCallingAgent sends tool_choice="required", which vLLM's own endpoint serves only with a tool parser.
+# The session server has these flags (vllm_server.SESSION_EXTRA_ARGS), so this fixture yields it: no server of its own.
 TOOL_ARGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
-vllm_tool_server = make_vllm_server_fixture(name="vllm_tool_server", scope="module", lora=False, extra_args=TOOL_ARGS)
+vllm_tool_server = make_vllm_server_fixture(name="vllm_tool_server", scope="module", extra_args=TOOL_ARGS)
 
 
 def test_smolagents_agent_runs_against_the_vllm_servers_own_endpoint(vllm_tool_server):

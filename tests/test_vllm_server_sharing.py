@@ -9,13 +9,19 @@ import urllib.request
 from vllm_server import SESSION_EXTRA_ARGS, make_vllm_server_fixture, reset_server, shares_session_server
 
 
-def test_only_the_session_servers_launch_shares_it():
+def test_a_launch_shares_the_session_server_when_each_of_its_flags_is_one_of_the_session_servers():
+    assert SESSION_EXTRA_ARGS[:2] == ("--max-loras", "3")  # what AsyncGRPOTrainer's max_staleness=1 needs
     assert shares_session_server(True, {"extra_args": list(SESSION_EXTRA_ARGS)})
     assert shares_session_server(True, {"extra_args": ("--max-loras", 3)})  # the CLI sees the same text
+    assert shares_session_server(True, {"extra_args": ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]})
+    assert shares_session_server(True, {})
     assert not shares_session_server(False, {"extra_args": SESSION_EXTRA_ARGS})  # no LoRA: another engine
-    assert not shares_session_server(True, {})  # --max-loras 1
-    assert not shares_session_server(True, {"extra_args": [*SESSION_EXTRA_ARGS, "--enable-auto-tool-choice"]})
+    assert not shares_session_server(True, {"extra_args": ["--max-loras", "4"]})
+    assert not shares_session_server(True, {"extra_args": ["--tool-call-parser", "mistral"]})
+    assert not shares_session_server(True, {"extra_args": ["--no-enable-prefix-caching"]})
+    assert not shares_session_server(True, {"extra_args": ["--max-logprobs", "-1"]})  # BASE_ARGS has it: not extra
     assert not shares_session_server(True, {"extra_args": SESSION_EXTRA_ARGS, "inproc_model": False})
+    assert not shares_session_server(True, {"extra_args": SESSION_EXTRA_ARGS, "env": {"VLLM_CPU_KVCACHE_SPACE": "2"}})
 
 
 shared_server = make_vllm_server_fixture(name="shared_server", scope="module", extra_args=["--max-loras", "3"])

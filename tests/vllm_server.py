@@ -55,9 +55,15 @@ BASE_ARGS: tuple[str, ...] = (
     "--max-logprobs", "-1",
 )  # fmt: skip
 LORA_ARGS: tuple[str, ...] = ("--enable-lora", "--max-lora-rank", "8")
-#: The session server's own flags on top of BASE_ARGS: LoRA slots for AsyncGRPOTrainer's max_staleness=1 (it refuses
-#: fewer than max_staleness + 2). A module fixture that asks for this same launch shares the session server.
-SESSION_EXTRA_ARGS: tuple[str, ...] = ("--max-loras", "3")
+#: The session server's own flags on top of BASE_ARGS and LORA_ARGS. Each only adds a capability, so that a module
+#: fixture asking for some of them shares the session server (``shares_session_server``): LoRA slots for
+#: AsyncGRPOTrainer's max_staleness=1 (it refuses fewer than max_staleness + 2), and tool-call parsing of the chat
+#: endpoint's answers to requests that carry tools with tool_choice "auto" or "required" (without these flags vLLM
+#: refuses "auto"; requests without tools are answered as before), which smolagents' ToolCallingAgent sends.
+SESSION_EXTRA_ARGS: tuple[str, ...] = (
+    "--max-loras", "3",
+    "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+)  # fmt: skip
 
 
 def vllm_python() -> Path | None:
@@ -236,11 +242,28 @@ class VllmServer:
     startup_s: float
 
 
+def cli_flags(args: Sequence[object]) -> dict[str, str | None]:
+    """``("--max-loras", 3, "--enable-x")`` -> ``{"--max-loras": "3", "--enable-x": None}`` (a flag, then its value)."""
+    flags: dict[str, str | None] = {}
+    for arg in map(str, args):
+        if arg.startswith("--") or not flags or flags[next(reversed(flags))] is not None:
+            flags[arg] = None
+        else:
+            flags[next(reversed(flags))] = arg
+    return flags
+
+
 def shares_session_server(lora: bool, server_kwargs: Mapping[str, object]) -> bool:
-    """Whether a server started with ``lora`` and ``server_kwargs`` would be launched as the session server is."""
+    """Whether the session server serves what a server started with ``lora`` and ``server_kwargs`` would.
+
+    True for LoRA with no other option than ``extra_args``, each of them one of ``SESSION_EXTRA_ARGS`` with the same
+    value (the session server's other flags only add capabilities).
+    """
     extra = server_kwargs.get("extra_args", ())
-    others = set(server_kwargs) - {"extra_args"}
-    return lora and isinstance(extra, Sequence) and tuple(map(str, extra)) == SESSION_EXTRA_ARGS and not others
+    if not lora or set(server_kwargs) - {"extra_args"} or not isinstance(extra, Sequence):
+        return False
+    session = cli_flags(SESSION_EXTRA_ARGS)
+    return all(flag in session and session[flag] == value for flag, value in cli_flags(extra).items())
 
 
 def _call(server: VllmServer, path: str, body: Mapping[str, object] | None = None) -> dict:
@@ -288,8 +311,8 @@ if pytest is not None:
         """A pytest fixture that serves the tiny model (``vllm_tiny_model``) and yields a ``VllmServer``.
 
         ``lora=True`` (default) enables runtime LoRA loading; it costs little, so one server serves all tests.
-        Extra keyword arguments go to ``start_vllm_server``. A fixture whose launch is the session server's
-        (``shares_session_server``) yields that server instead of starting another (a cold start is 50-90 s on
+        Extra keyword arguments go to ``start_vllm_server``. A fixture whose server the session server can stand in
+        for (``shares_session_server``) yields that server instead of starting another (a cold start is 50-90 s on
         2 cores), with no LoRA adapter loaded at its start and none left at its end, as a fresh server would be.
         """
         if scope != "session" and shares_session_server(lora, server_kwargs):
