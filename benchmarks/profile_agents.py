@@ -1,0 +1,77 @@
+"""Where the agent path's CPU goes: one ``bench_agents --scripted`` rollout of a path under yappi (CPU clock, threads).
+
+An investigation tool, not a benchmark: yappi is not a dependency (``pip install yappi``). Prints the CPU per call and
+the CPU of the agent path's parts (the SDK's request building, its answer parsing, httpx, the HTTP server stack, the
+gateway's own code, the engine's rendering), as a share of the agent programs' threads; writes the full profile.
+
+    python benchmarks/profile_agents.py --path agent --episodes 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import time
+
+import _common as C
+import bench_agents as B
+
+PARTS = {  # label: (a fragment of the file's path, the function's name), as yappi names them; summed over matches
+    "openai SDK: request to JSON (maybe_transform)": ("openai/_utils/_transform.py", "maybe_transform"),
+    "openai SDK: parsing the answer (_process_response)": ("openai/_base_client.py", "OpenAI._process_response"),
+    "openai.OpenAI() construction": ("openai/_client.py", "OpenAI.__init__"),
+    "httpx/httpx2 client send (its pool and h11, or the in-process transport)": ("_client.py", ".send"),
+    "uvicorn + Starlette (gateway HTTP side)": ("h11_impl.py", "RequestResponseCycle.run_asgi"),
+    "in-process transport (agents/local.py)": ("agents/local.py", "LocalTransport.handle_request"),
+    "engine: a chat request's rendering (Calls._step_chat)": ("rollout/episode.py", "Calls._step_chat"),
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--path", choices=["env", "agent", "agent-http"], default="agent")
+    parser.add_argument("--episodes", type=int, default=64)
+    parser.add_argument("--out", default="/tmp/profile_agents.txt", help="the full profile (sorted by total time)")
+    args = parser.parse_args()
+    import yappi
+    from transformers import AutoTokenizer
+
+    from trl_env import Budgets, batch_rollout
+    from trl_env.processors import from_tokenizer
+    from trl_env.testing.templates import trl_templates
+
+    tokenizer = AutoTokenizer.from_pretrained(C.tiny_model_dir())
+    tokenizer.chat_template = trl_templates()["qwen2_5"]
+    processor, generator = from_tokenizer(tokenizer), B.InstantGenerator(tokenizer, 16)
+    budgets = Budgets(max_turns=4, max_new_tokens=16, max_completion_tokens=4096)
+    program = functools.partial(B.agent_program, http=args.path == "agent-http")
+    factory = C.EnvFactory(4) if args.path == "env" else functools.partial(B.TimedAgentEnv, program)
+
+    def rollout(tag: str) -> None:
+        seeds = [f"{tag}-{i}" for i in range(args.episodes)]
+        batch_rollout(seeds, factory, processor, tokenizer, generator, budgets=budgets, parse_truncated_turns=True,
+                      env_workers=16, history="deployed")  # fmt: skip
+
+    rollout("warm")
+    yappi.set_clock_type("cpu")
+    yappi.start()
+    cpu0 = time.process_time()
+    rollout("profiled")
+    cpu = time.process_time() - cpu0
+    yappi.stop()
+    calls = args.episodes * 4
+    print(f"{args.path}, {args.episodes} episodes: {cpu / calls * 1e3:.1f} ms CPU per call under the profiler")
+    stats = yappi.get_func_stats()
+    programs = sum(s.ttot for s in stats if "bench_agents.py" in s.full_name and s.name.endswith("agent_program"))
+    for label, (path, name) in PARTS.items():
+        spent = sum(s.ttot for s in stats if path in s.full_name and s.name.endswith(name))
+        print(f"  {label}: {spent:.2f} s ({spent / max(programs, 1e-9):.0%} of the programs' threads' own)")
+    stats.sort("ttot")
+    with open(args.out, "w") as f:
+        stats.print_all(out=f, columns={0: ("name", 100), 1: ("ncall", 10), 2: ("tsub", 8), 3: ("ttot", 8)})
+    print(f"full profile: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
