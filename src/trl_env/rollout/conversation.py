@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import re
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,6 +73,35 @@ class Conversation:
 
 
 @dataclass
+class Verdicts:
+    """What probes showed about a template (with its variables) and a tokenizer, kept for the next batches."""
+
+    appends: bool | None = None
+    clean: dict[str, bool] = field(default_factory=dict)
+    rests: dict[str, list[int]] = field(default_factory=dict)
+    """Ids of the text after the last cut (most often the same every turn: ``\\n`` and the generation prompt)."""
+    mismatches: dict[Any, str | None] = field(default_factory=dict)
+    """``processors.derived.mismatch``'s answer per (processor, system prompt): what ``DeployedHistory.check`` asks."""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_VERDICTS: weakref.WeakKeyDictionary[Any, dict[Any, Verdicts]] = weakref.WeakKeyDictionary()
+_VERDICTS_LOCK = threading.Lock()
+
+
+def kept_verdicts(tokenizer: Any, key: tuple[Any, ...]) -> Verdicts:
+    """The ``Verdicts`` kept for ``tokenizer`` and ``key`` (what else they depend on).
+
+    A fresh one where either cannot key a cache (a tokenizer without weak references, an unhashable key).
+    """
+    try:
+        with _VERDICTS_LOCK:
+            return _VERDICTS.setdefault(tokenizer, {}).setdefault(key, Verdicts())
+    except TypeError:
+        return Verdicts()
+
+
+@dataclass
 class Incremental:
     """Cheap checks of what a template and a tokenizer allow, computed once per ``DeployedHistory``."""
 
@@ -83,10 +113,8 @@ class Incremental:
     reasoning_field: str | None
     allowed: bool = True
     """False for conversations of other messages (tool calls): always the full rendering."""
-    _clean: dict[str, bool] = field(default_factory=dict)
-    _appends: bool | None = None
-    _rests: dict[str, list[int]] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    verdicts: Verdicts = field(default_factory=lambda: Verdicts())
+    """What the probes showed; shared with the batches that render with the same template and tokenizer."""
 
     def clean(self, token: str) -> bool:
         """Whether ids of a text ending with ``token`` stand whatever follows: the tokenizer splits it off first.
@@ -95,7 +123,8 @@ class Incremental:
         their own; checked on probe texts (a tokenizer that marks the first word, as SentencePiece's ``prepend``
         does, fails them).
         """
-        if token not in self._clean:
+        known = self.verdicts.clean
+        if token not in known:
             specs = getattr(self.tokenizer, "added_tokens_decoder", {}).values()
             spec = next((t for t in specs if str(t) == token), None)
             flags = [True] if spec is None else [getattr(spec, k, True) for k in ("lstrip", "rstrip", "single_word")]
@@ -103,8 +132,8 @@ class Incremental:
             for head in ("a b", "", "x\n"):
                 for tail in (" x", "x", "\n\nx", "\n", " ", token + "x", "\u65e5\u672c"):
                     ok = ok and self.encode(head + token + tail) == self.encode(head + token) + self.encode(tail)
-            self._clean[token] = ok
-        return self._clean[token]
+            known[token] = ok
+        return known[token]
 
     def appends(self) -> bool:
         """Whether the template renders a turn's messages after the opening as they render after any history.
@@ -113,12 +142,13 @@ class Incremental:
         every turn, the full rendering must be the previous one without its generation prompt plus the tail
         rendering (the opening and the new messages, less the opening's rendering without the generation prompt).
         """
-        if self._appends is not None:  # every turn asks: no lock once decided
-            return self._appends
-        with self._lock:
-            if self._appends is None:
-                self._appends = self.allowed and self._probe()
-            return self._appends
+        verdicts = self.verdicts
+        if verdicts.appends is not None:  # every turn asks: no lock once decided
+            return verdicts.appends
+        with verdicts.lock:
+            if verdicts.appends is None:
+                verdicts.appends = self.allowed and self._probe()
+            return verdicts.appends
 
     def _probe(self) -> bool:
         def reply(k: int) -> Message:
@@ -190,7 +220,10 @@ class Incremental:
         previous = conversation.text
         if not fits or not previous.endswith(with_prompt[len(without) :]):
             return None
-        shape, values = read or self._texts(new)
+        read = read or self.read(new)
+        if read is None:
+            return None
+        shape, values = read
         layout = memo.get(shape, False)  # the tail as a format string: template text, a {k} for each message text
         if layout is False:
             layout = memo[shape] = self._layout(opening, new, without)
@@ -218,7 +251,7 @@ class Incremental:
             return None
         parts = _SLOTS.split(marked[len(without) :])
         pieces: list[str | int] = [p if i % 2 == 0 else int(p) for i, p in enumerate(parts)]
-        values = self._texts(new)[1]
+        values = [v for m in new for k, v in m.items() if k != "role"]
         edges = [f"\n {j} x \n" if v else "" for j, v in enumerate(values)]
         actual = self.render([*opening, *filled(edges)], True)
         predicted = without + "".join(p if isinstance(p, str) else edges[p] for p in pieces)
@@ -235,22 +268,18 @@ class Incremental:
         """
         shape, values = [], []
         for m in messages:
-            keys = tuple(m)
-            if m.get("role") not in _PLAIN_ROLES or not self._fields.issuperset(keys):
+            keys, texts = tuple(m), [*m.values()]
+            if keys[0] != "role" or texts[0] not in _PLAIN_ROLES or not self._fields.issuperset(keys):
                 return None
-            texts = [m[k] for k in keys if k != "role"]
-            for v in texts:
-                if type(v) is not str or (self.added is not None and self.added.search(v)):
-                    return None
-            shape.append((m["role"], keys, *map(bool, texts)))
-            values += texts
+            shape.append((keys, *texts[:1], *map(bool, texts[1:])))
+            values += texts[1:]
+        try:
+            joined = "\0".join(values)  # no added token spans the separator; a text that is no str raises
+        except TypeError:
+            return None
+        if self.added is not None and self.added.search(joined):
+            return None
         return tuple(shape), values
-
-    def _texts(self, messages: list[Message]) -> Read:
-        """``read``'s answer for any messages (the probes' own, which need not be plain)."""
-        keyed = [(m, tuple(m)) for m in messages]
-        values = [m[k] for m, keys in keyed for k in keys if k != "role"]
-        return tuple((m["role"], keys, *(bool(m[k]) for k in keys if k != "role")) for m, keys in keyed), values
 
     @functools.cached_property
     def _fields(self) -> frozenset[str | None]:
@@ -279,11 +308,12 @@ class Incremental:
                         if self.clean(m.group())), chars)  # fmt: skip
         head = self.encode(text[chars:cut]) if cut > chars else []
         rest = text[cut:]  # after the cut: most often the same text every turn (``\n`` and the generation prompt)
-        tail = self._rests.get(rest)
+        rests = self.verdicts.rests
+        tail = rests.get(rest)
         if tail is None:
             tail = self.encode(rest)
-            if len(rest) < 256 and len(self._rests) < 64:
-                self._rests[rest] = tail
+            if len(rest) < 256 and len(rests) < 64:
+                rests[rest] = tail
         ids += head
         ids += tail
         return ids, ((chars, count), (cut, count + len(head)))

@@ -50,6 +50,15 @@ class EnvText:
         self.tokenizer = tokenizer
         self._added, self._fast = _own_copy(tokenizer)
 
+    @property
+    def own(self) -> Callable[[str], list[int]] | None:
+        """The encode of trl-env's copy of the tokenizer: the same for every ``EnvText`` of it.
+
+        ``None``: the tokenizer's own ``encode`` is read at each call (no Rust backend, or the copy tokenised a
+        probe otherwise).
+        """
+        return self._fast
+
     def encode(self, text: str) -> list[int]:
         """The tokenizer's ids for ``text``, special-token strings included, with nothing added."""
         if self._fast is not None:

@@ -23,7 +23,7 @@ from trl_env.calling.types import ToolCalls, ToolResults
 from trl_env.errors import ConfigError, EpisodeFailure, ProcessorError
 from trl_env.processors.base import FamilyProcessor, ParseStatus, Processor, StopStrings
 from trl_env.processors.derived import mismatch
-from trl_env.rollout.conversation import Conversation, Incremental
+from trl_env.rollout.conversation import Conversation, Incremental, Verdicts, kept_verdicts
 
 __all__ = ["Conversation", "DeployedHistory", "History", "Message"]
 
@@ -97,7 +97,13 @@ class DeployedHistory:
             base = processor.format.base
             kwargs = dict(processor.format.template_kwargs) if template_kwargs is None else kwargs
         history = cls(tokenizer, processor, kwargs, text)
-        problem = mismatch(base, tokenizer, history.render_kwargs, system=getattr(base, "system_prompt", None))
+        key, known = (base, getattr(base, "system_prompt", None)), history.verdicts.mismatches
+        try:
+            if key not in known:
+                known[key] = mismatch(base, tokenizer, history.render_kwargs, system=key[1])
+            problem = known[key]
+        except TypeError:  # an unhashable processor: asked every time
+            problem = mismatch(base, tokenizer, history.render_kwargs, system=key[1])
         if problem is not None:
             raise ConfigError(
                 f"history='deployed': {name} renders unlike the tokenizer's chat template with "
@@ -252,8 +258,23 @@ class DeployedHistory:
         def render(messages: list[Message], prompt: bool) -> str:
             return _render(self.tokenizer, messages, kwargs, prompt=prompt)
 
-        plain = not isinstance(self.processor, ToolProcessor)
-        return Incremental(render, self.text.encode, self.text._added, self.tokenizer, self.reasoning_field, plain)  # noqa: SLF001
+        plain, added = not isinstance(self.processor, ToolProcessor), self.text._added  # noqa: SLF001
+        return Incremental(render, self.text.encode, added, self.tokenizer, self.reasoning_field, plain, self.verdicts)
+
+    @functools.cached_property
+    def verdicts(self) -> Verdicts:
+        """What probes showed about this template and tokenizer, kept for later batches.
+
+        Where the tokenizer's copy (``EnvText.own``) and the template variables (as JSON) key a cache; else this
+        batch's own.
+        """
+        try:
+            kwargs = json.dumps(self.render_kwargs, sort_keys=True)
+        except (TypeError, ValueError):
+            return Verdicts()
+        template, plain = str(self.tokenizer.chat_template), not isinstance(self.processor, ToolProcessor)
+        key = (template, kwargs, self.reasoning_field, plain, self.text.own)
+        return Verdicts() if self.text.own is None else kept_verdicts(self.tokenizer, key)
 
     def extend(self, previous: Conversation | None, messages: list[Message]) -> Conversation:
         """``messages`` (``previous``'s and the new ones) with their rendering and ids: exactly ``encode(messages)``.
