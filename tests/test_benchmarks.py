@@ -71,6 +71,21 @@ def test_bench_agents_quick_env_and_agent_side_by_side_against_vllm(vllm_server,
     assert saved["latency_ms"]["4"]["added p50"] > 0.0
 
 
+def test_bench_agents_scripted_quick_measures_cpu_per_call_without_a_server(tmp_path):
+    """bench_agents --scripted: the same paths with an instant generator, the trainer-process CPU per call."""
+    env = {**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "bench_agents.py"), "--scripted", "--quick", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=120, cwd=REPO, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    saved = json.loads((tmp_path / "bench_agents_scripted.json").read_text())
+    for path in ("env", "agent", "agent-http"):
+        (run,) = saved["runs"][f"{path} 4"]
+        assert run["requests"] >= 2 and run["cpu"] > 0.0, (path, run)
+    assert "| 4 | agent | " in proc.stdout and "CPU ms per call" in proc.stdout, proc.stdout
+
+
 def test_bench_async_quick_sync_against_async_trainer(vllm_server, tmp_path):
     """Sync GRPOTrainer + rollout_func against AsyncGRPOTrainer + the trl-env worker, on the session's LoRA server
     (its --max-loras 3 is what max_staleness 1 needs; a server of the script's own would cost another cold start)."""
