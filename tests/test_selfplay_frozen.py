@@ -201,3 +201,21 @@ def test_two_grpo_steps_against_a_snapshot_refreshed_each_step(vllm_server, tmp_
     for adapter, _, before, after, _ in steps:  # each step's frozen turns named that step's snapshot, and only it
         assert {body["model"] for _, _, body, _ in recorder.calls[before:after]} == {adapter}
     assert snapshots.served == "frozen-2" and "frozen-2" in served(url) and "frozen-1" not in served(url)
+    requests.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "frozen-2"}, timeout=30)  # the session's server
+
+
+def test_the_selfplay_example_plays_seat_1_with_a_snapshot(vllm_server, tmp_path):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "experiment" / "examples"))
+    import selfplay_tictactoe
+
+    url = vllm_server.base_url
+    summary = selfplay_tictactoe.main(["--model", vllm_server.model_dir, "--steps", "1", "--out", str(tmp_path),
+                                       "--vllm-server", url, "--frozen-every", "1"])  # fmt: skip
+    assert summary["steps"] == 1.0 and "seat0/win_rate/first" in summary and "seat1/win_rate/first" not in summary
+    assert "frozen-1" in served(url) and "frozen-0" not in served(url)  # refreshed after the one step
+    requests.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "frozen-1"}, timeout=30)
+    with pytest.raises(SystemExit):  # argparse: --frozen-every needs the server that serves the snapshot
+        selfplay_tictactoe.main(["--model", "tiny", "--frozen-every", "1", "--out", str(tmp_path)])
