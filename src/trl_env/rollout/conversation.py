@@ -268,11 +268,12 @@ class Incremental:
         """
         shape, values = [], []
         for m in messages:
-            keys, texts = tuple(m), [*m.values()]
-            if keys[0] != "role" or texts[0] not in _PLAIN_ROLES or not self._fields.issuperset(keys):
+            keys, role = tuple(m), m.get("role")
+            if role not in _PLAIN_ROLES or not self._fields.issuperset(keys):
                 return None
-            shape.append((keys, *texts[:1], *map(bool, texts[1:])))
-            values += texts[1:]
+            texts = [m[k] for k in keys if k != "role"]
+            shape.append((keys, role, *map(bool, texts)))
+            values += texts
         try:
             joined = "\0".join(values)  # no added token spans the separator; a text that is no str raises
         except TypeError:
