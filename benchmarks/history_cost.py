@@ -6,6 +6,8 @@ Qwen 2.5 tokenizer and template (ChatML replies) and Qwen 3's (replies that reas
 Client time = process CPU time of ``batch_rollout``, best of ``--repeat``. Run:
 ``python benchmarks/history_figures.py --cost 10 40 100 [--before REV] [--repeat 3]``.
 
+``--opcodes``: instead, Python opcodes per episode (every thread), which no load changes.
+
 ``--against REV``: instead, the whole of ``src/`` at ``REV`` (``git archive``) against the working tree, side by side
 in one run: for each template and length, one child process per side (``PYTHONPATH`` = that side's ``src``), run
 alternately, each timing sampled and deployed runs alternately and keeping the best of ``--repeat`` of each.
@@ -16,12 +18,14 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import io
+import itertools
 import json
 import os
 import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -96,6 +100,49 @@ def client_seconds(tokenizer, processor, reply: str, turns: int, history: str, r
     return best / EPISODES
 
 
+def opcodes(tokenizer, processor, reply: str, turns: int, history: str) -> float:
+    """Python opcodes per episode of ``batch_rollout``, every thread (``sys.settrace``): what no load changes.
+
+    The per-call work of C code (the tokenizer's Rust encode) is not counted: read it beside the times.
+    """
+    counter = itertools.count()
+
+    def trace(frame, event, arg):
+        frame.f_trace_opcodes = True
+        return count
+
+    def count(frame, event, arg):
+        if event == "opcode":
+            next(counter)  # atomic under the GIL
+        return count
+
+    budgets = Budgets(max_turns=turns, max_new_tokens=256, max_completion_tokens=10**6)
+    threading.settrace(trace)
+    sys.settrace(trace)
+    try:
+        batch_rollout([str(i) for i in range(EPISODES)], GuessEnv, processor, tokenizer,
+                      InstantSampler(tokenizer, reply), budgets=budgets, history=history, env_workers=1)  # fmt: skip
+    finally:
+        sys.settrace(None)
+        threading.settrace(None)
+    return next(counter) / EPISODES
+
+
+def count_opcodes(turns_list: list[int]) -> None:
+    """``--opcodes``: Python opcodes per episode, sampled and deployed, after a warm-up batch of each."""
+    print(f"Python opcodes per episode ({EPISODES} episodes, 1 env worker, every thread; warm: a batch of each before)")
+    print(f"{'template':28} {'turns':>5} {'sampled':>9} {'deployed':>9} {'ratio':>6}")
+    for label, name, proc, reply in CASES:
+        tokenizer, processor = load_tokenizer(name), get_processor(proc)
+        text = reply + processor.stop_strings[0]
+        for warm in ("sampled", "deployed"):
+            client_seconds(tokenizer, processor, text, 2, warm, 1)
+        for turns in turns_list:
+            got = {h: opcodes(tokenizer, processor, text, turns, h) for h in ("sampled", "deployed")}
+            print(f"{label:28} {turns:5d} {got['sampled']:9.0f} {got['deployed']:9.0f} "
+                  f"{got['deployed'] / got['sampled']:5.2f}x", flush=True)  # fmt: skip
+
+
 CASES = (("Qwen 2.5 (ChatML)", "pypi:qwen2_5", "qwen2_5", "7"),
          ("Qwen 3, replies that reason", "pypi:qwen3", "qwen3",
           "<think>\nThe middle of what is left is the next guess, so 7.\n</think>\n\n7"))  # fmt: skip
@@ -146,7 +193,10 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--before", default="7b6fd20")
     parser.add_argument("--against", default=None, help="a git revision whose whole src/ is measured beside now")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--opcodes", action="store_true", help="count Python opcodes per episode instead of time")
     args = parser.parse_args(argv)
+    if args.opcodes:
+        return count_opcodes(args.turns)
     if args.against is not None:
         return against(args.against, args.turns, args.repeat)
     import trl_env.rollout.engine as engine
@@ -169,7 +219,7 @@ def main(argv: list[str]) -> None:
                 engine.DeployedHistory = now
             new = client_seconds(tokenizer, processor, text, turns, "deployed", args.repeat)
             print(f"{label:28} {turns:5d} {sampled * 1e3:8.1f} {old * 1e3:8.1f} {new * 1e3:8.1f} "
-                  f"{old / sampled:7.1f}x {new / sampled:5.1f}x", flush=True)  # fmt: skip
+                  f"{old / sampled:7.1f}x {new / sampled:5.2f}x", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--cell"]:  # a child of --against
