@@ -83,7 +83,12 @@ def test_the_async_worker_sends_the_agents_sampling_with_sampling_agent_and_refu
     worker, groups = worker_of(chatml, generator, factory={"sampling": "agent"})
     consume(worker, steps=1, batch=8, max_staleness=1)
     assert groups and {0.5} == {s.get("temperature") for s in generator.sampling if s}
-    assert sum(s == {"temperature": 0.5} for s in generator.sampling) * 2 == len(generator.sampling)
+    # every episode's first call asks for 0.5 and its second for nothing; stop() may cut an episode between the two
+    asked = sum(s == {"temperature": 0.5} for s in generator.sampling)
+    assert asked >= len(generator.sampling) - asked > 0
+    for rollouts in [rollouts for record, rollouts in groups if record.complete]:
+        calls = [r.info["env"]["agent_sampling"]["calls"] for r in rollouts]
+        assert all([c["used"] for c in cs] == [{"temperature": 0.5}, {}] for cs in calls), calls
     with pytest.raises(ConfigError, match="sampling='agent'.*PromptReplyGenerator"):
         worker_of(chatml, PromptReplyGenerator(chatml, script), factory={"sampling": "agent"})
 

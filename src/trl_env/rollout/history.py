@@ -267,13 +267,14 @@ class DeployedHistory:
         Where the tokenizer's copy (``EnvText.own``) and the template variables (as JSON) key a cache; else this
         batch's own.
         """
+        own = None if self.text is None else self.text.own  # None: a check before any engine (no EnvText yet)
         try:
             kwargs = json.dumps(self.render_kwargs, sort_keys=True)
         except (TypeError, ValueError):
             return Verdicts()
         template, plain = str(self.tokenizer.chat_template), not isinstance(self.processor, ToolProcessor)
-        key = (template, kwargs, self.reasoning_field, plain, self.text.own)
-        return Verdicts() if self.text.own is None else kept_verdicts(self.tokenizer, key)
+        key = (template, kwargs, self.reasoning_field, plain, own)
+        return Verdicts() if own is None else kept_verdicts(self.tokenizer, key)
 
     def extend(self, previous: Conversation | None, messages: list[Message]) -> Conversation:
         """``messages`` (``previous``'s and the new ones) with their rendering and ids: exactly ``encode(messages)``.
