@@ -84,7 +84,7 @@ def test_to_trl_refuses_an_episode_of_several_rows_and_to_trl_rows_gives_each():
     import pytest
 
     from trl_env import ConfigError, to_trl
-    from trl_env.integrations.grpo import to_trl_rows
+    from trl_env.integrations.trl_output import to_trl_rows
 
     r, one = two_row_rollout(), Rollout.single("t", [1], [5, 6], [-0.1, -0.1], [1, 1], (turn("c"),), 0.0,
                                                Ending.ENV_DONE)  # fmt: skip

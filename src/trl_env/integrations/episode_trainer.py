@@ -20,7 +20,7 @@ from trl import GRPOTrainer
 from trl_env.advantages import GRPO_RULE, group_normalise, nan_std
 from trl_env.credit import CreditEstimator, EpisodeCredit, credit_estimator, credit_metrics, estimate, token_advantages
 from trl_env.errors import ConfigError
-from trl_env.integrations.grpo import RolloutFunction, env_reward, to_trl_rows
+from trl_env.integrations.grpo import RolloutFunction, env_reward
 from trl_env.integrations.micro_batches import (
     REAL_ROW,
     MicroStep,
@@ -42,6 +42,7 @@ from trl_env.integrations.trl_internals import (
     trl_compute_loss,
     trl_prepare_inputs,
 )
+from trl_env.integrations.trl_output import to_trl_rows
 from trl_env.rollout import History, Rollout
 
 __all__ = ["EpisodeGRPOTrainer", "env_reward_columns", "episode_advantages"]
