@@ -201,7 +201,7 @@ def save_merged(peft_model: Any, tokenizer: Any, merged_dir: Path) -> None:
 
 
 def merged_model(args: argparse.Namespace, seed: int, workdir: Path) -> Path:
-    """The merged model of ``seed``; from its last synced adapter (``trl-env-step-N``) when training was cut."""
+    """The merged model of ``seed``; from its last synced adapter (``trl-env-{run}-step-N``) when training was cut."""
     merged_dir = workdir / f"merged_seed{seed}"
     if (merged_dir / "config.json").is_file():
         return merged_dir
@@ -210,7 +210,7 @@ def merged_model(args: argparse.Namespace, seed: int, workdir: Path) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     adapters = sorted(
-        (workdir / f"adapters_seed{seed}").glob("trl-env-step-*"), key=lambda p: int(p.name.rsplit("-", 1)[1])
+        (workdir / f"adapters_seed{seed}").glob("trl-env-*-step-*"), key=lambda p: int(p.name.rsplit("-", 1)[1])
     )
     if not adapters:
         raise SystemExit(f"seed {seed}: neither {merged_dir} nor an adapter under {workdir}; run the train phase.")

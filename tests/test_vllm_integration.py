@@ -143,15 +143,44 @@ def test_grpo_with_lora_hot_sync_samples_each_step_from_that_steps_adapter(vllm_
     try:
         trainer.train()
         served = {card["id"] for card in requests.get(f"{vllm_server.base_url}/v1/models", timeout=10).json()["data"]}
+        synced = [p.name for p in sorted((tmp_path / "adapters").iterdir())]  # trl-env-{run}-step-{step}
     finally:  # the server is shared by the session's tests: leave no adapter loaded, whatever happened
-        for step in range(3):
-            requests.post(
-                f"{vllm_server.base_url}/v1/unload_lora_adapter", json={"lora_name": f"trl-env-step-{step}"}, timeout=10
-            )
+        for path in (tmp_path / "adapters").glob("trl-env-*"):
+            requests.post(f"{vllm_server.base_url}/v1/unload_lora_adapter", json={"lora_name": path.name}, timeout=10)
     print("step, max |served - adapter recompute|, max |served - base|:", checks)
     assert [step for step, _, _ in checks] == [0, 1, 2]
     for step, adapter_gap, base_gap in checks:
         assert adapter_gap < TOL, f"step {step}: served logprobs are not step {step}'s adapter ({adapter_gap})"
         if step > 0:
             assert base_gap > 10 * TOL, f"step {step}: the adapter did not change the policy ({base_gap})"
-    assert "trl-env-step-2" in served and "trl-env-step-1" not in served  # the previous adapter was unloaded
+    assert [name.rsplit("-", 1)[1] for name in synced] == ["0", "1", "2"], synced  # one run token, every step
+    assert synced[2] in served and synced[1] not in served  # the previous adapter was unloaded
+
+
+def test_a_second_run_syncing_its_adapter_into_the_same_server_is_not_refused(vllm_server, vllm_tiny_model, tmp_path):
+    """Two training runs (or two trainers) against one long-lived server: each run's step-0 adapter loads under a name
+    of its own (before: both were ``trl-env-step-0`` and the second run's first sync got HTTP 400 'already loaded')."""
+    from types import SimpleNamespace
+
+    from accelerate import Accelerator
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from trl_env.backends.lora_sync import sync_lora
+
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    names = []
+    try:
+        for run in range(2):
+            model = get_peft_model(AutoModelForCausalLM.from_pretrained(vllm_tiny_model), config)
+            state, accelerator = SimpleNamespace(global_step=0), Accelerator(cpu=True)
+            trainer = SimpleNamespace(state=state, accelerator=accelerator, model=model)
+            generator = VLLMServerGenerator(vllm_server.base_url)
+            sync_lora(generator, trainer, str(tmp_path / f"run{run}"))
+            names.append(generator.model)
+        served = {card["id"] for card in requests.get(f"{vllm_server.base_url}/v1/models", timeout=10).json()["data"]}
+    finally:  # the server is shared by the session's tests: leave no adapter loaded
+        for name in names:
+            requests.post(f"{vllm_server.base_url}/v1/unload_lora_adapter", json={"lora_name": name}, timeout=10)
+    assert len(set(names)) == 2 and set(names) <= served, (names, served)
+    assert all(name.startswith("trl-env-") and name.endswith("-step-0") for name in names), names

@@ -142,6 +142,7 @@ class VLLMServerGenerator(GeneratorBase):
         self.model = self.served_model
         """The ``model`` field of requests: the served model, or a LoRA adapter's name once one is loaded."""
         self._lora_step: int | None = None
+        self._lora_run: str | None = None  # lora_sync's adapter names: trl-env-{run}-step-{step}
         self._check_logprobs_mode(connect_timeout)
 
     @classmethod
