@@ -10,15 +10,26 @@ from __future__ import annotations
 
 import json
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
+from trl_env.backends.base import GenerationRequest, Generator, check_request_sampling
 from trl_env.calling.processor import ToolProcessor
 from trl_env.processors.derived import from_tokenizer
 from trl_env.rollout.history import DeployedHistory, Message
 
-__all__ = ["ChatHistories", "ChatRequest", "Reply", "SamplingEnv", "SamplingEnvFactory", "normalize", "wire_message"]
+__all__ = [
+    "ChatHistories",
+    "ChatRequest",
+    "Reply",
+    "SamplingEnv",
+    "SamplingEnvFactory",
+    "normalize",
+    "turn_request",
+    "wire_message",
+]
 
 _KEEP = ("role", "content", "name", "tool_calls", "tool_call_id")
 _REASONING = ("reasoning_content", "reasoning", "thinking")
@@ -56,6 +67,28 @@ class SamplingEnv(Protocol):
 
     turn_sampling: Mapping[str, float]
     """The next turn's own settings (``temperature``, ``top_p``); empty: the generator's."""
+
+
+_SAMPLING_ENVS: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
+"""Env class -> whether it is a ``SamplingEnv`` (a runtime-protocol ``isinstance`` costs ~27 us: once per class)."""
+
+
+def turn_request(
+    env: object, ids: list[int], room: int, stops: tuple[int, ...], generator: Generator
+) -> GenerationRequest:
+    """An episode's next turn (``ids`` so far, ``room`` tokens), with the env's own sampling if it asks for any.
+
+    Raises:
+        ConfigError: for settings ``generator`` cannot honour (``check_request_sampling``): never silently dropped.
+    """
+    kind = type(env)
+    if kind not in _SAMPLING_ENVS:
+        _SAMPLING_ENVS[kind] = isinstance(env, SamplingEnv)
+    own = cast(SamplingEnv, env).turn_sampling if _SAMPLING_ENVS[kind] else None
+    if not own:
+        return GenerationRequest(ids, room, stops)
+    check_request_sampling(generator, own, why=f"{kind.__name__}.turn_sampling")
+    return GenerationRequest(ids, room, stops, dict(own))
 
 
 @runtime_checkable
