@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast, runtime_checkable
 
@@ -116,9 +116,9 @@ class Reply(str):
     """``"stop"`` or ``"length"`` (the generator's)."""
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]
-    tokens: tuple[str, ...]
-    """Each sampled id decoded on its own (for ``logprobs`` in the answer)."""
     prompt_tokens: int
+    _tokens: tuple[str, ...] | None
+    _decode_one: Callable[[int], str] | None
 
     def __new__(
         cls,
@@ -129,20 +129,33 @@ class Reply(str):
         finish_reason: str,
         token_ids: Sequence[int],
         logprobs: Sequence[float],
-        tokens: Sequence[str],
         prompt_tokens: int,
+        tokens: Sequence[str] | None = None,
+        decode_one: Callable[[int], str] | None = None,
     ) -> Reply:
-        """See the fields."""
+        """See the fields; ``tokens`` (each id's text) or ``decode_one`` (one id's text: ``tokens`` on first read)."""
         self = super().__new__(cls, action)
         self.message, self.reasoning_field, self.finish_reason = message, reasoning_field, finish_reason
-        self.token_ids, self.logprobs, self.tokens = tuple(token_ids), tuple(logprobs), tuple(tokens)
-        self.prompt_tokens = prompt_tokens
+        self.token_ids, self.logprobs, self.prompt_tokens = tuple(token_ids), tuple(logprobs), prompt_tokens
+        self._tokens = None if tokens is None else tuple(tokens)
+        self._decode_one = decode_one
         return self
+
+    @property
+    def tokens(self) -> tuple[str, ...]:
+        """Each sampled id decoded on its own, for ``logprobs`` in the answer.
+
+        Decoded on first read: a call that asks for no logprobs costs one decode of the reply, not one per token.
+        """
+        if self._tokens is None:
+            decode = self._decode_one
+            self._tokens = tuple(decode(i) for i in self.token_ids) if decode is not None else ()
+        return self._tokens
 
     def __reduce__(self) -> tuple[Any, ...]:  # keeps the reply across a process boundary (process executor)
         fields = {"reasoning_field": self.reasoning_field, "finish_reason": self.finish_reason,
-                  "token_ids": self.token_ids, "logprobs": self.logprobs, "tokens": self.tokens,
-                  "prompt_tokens": self.prompt_tokens}  # fmt: skip
+                  "token_ids": self.token_ids, "logprobs": self.logprobs, "prompt_tokens": self.prompt_tokens,
+                  "tokens": self.tokens}  # fmt: skip  # decoded here: the tokenizer stays in this process
         return (_reply, (str(self), self.message, fields))
 
 

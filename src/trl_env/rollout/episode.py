@@ -10,6 +10,7 @@ invariant that ``completion_ids``, ``logprobs`` and ``env_mask`` stay aligned.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -205,7 +206,7 @@ class Calls:
             finish_reason=sampled.finish_reason.value,
             token_ids=sampled.token_ids,
             logprobs=sampled.logprobs,
-            tokens=[decode([i], skip_special_tokens=False) for i in sampled.token_ids],
+            decode_one=functools.partial(_decode_one, decode),  # only if the call asks for logprobs (agents/wire.py)
             prompt_tokens=len(messages.ids),
         )
         result = call("env_exception", env.step, reply)
@@ -257,6 +258,11 @@ class Calls:
                         raise
                     settled = dataclasses.replace(settled, close_error=f"{type(e).__name__}: {e}")
         return settled
+
+
+def _decode_one(decode: Callable[..., str], token_id: int) -> str:
+    """One sampled id's text, special tokens included (``Reply.tokens``)."""
+    return decode([token_id], skip_special_tokens=False)
 
 
 def _parse(processor: Processor, text: str) -> tuple[object, str | None]:
