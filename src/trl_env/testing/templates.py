@@ -114,7 +114,7 @@ def _all_tokens() -> tuple[str, ...]:
 
 @functools.cache
 def _standin(tokens: tuple[str, ...]) -> Any:
-    from trl_env.testing.tokenizers import standin_tokenizer
+    from trl_env.testing.standin import standin_tokenizer
 
     return standin_tokenizer(f"trl-templates-{len(tokens)}", list(tokens))
 
