@@ -9,7 +9,11 @@ One real vLLM CPU server (the tiny model; ``--url`` reuses a running one). Both 
   (as an unmodified program gets it): in the gateway's process its calls are served in-process (agents/local.py);
 * ``agent-http``: the same program on ``openai.OpenAI(base_url=run.base_url, api_key=run.api_key)``, a fresh client
   per episode over loopback HTTP (what ``run.openai()`` gave before agents/local.py, and what a program in another
-  process gets): the SDK's httpx client with its own SSL context and connection pool, uvicorn and Starlette.
+  process gets): the SDK's httpx client with its own SSL context and connection pool, uvicorn and Starlette;
+* ``agent-proc``: the ``agent`` program with each episode's env and program in a worker process of its own
+  (``isolated(agent_env_factory(...), pool_size=env_workers)``, what ``env_executor="process"`` builds): the SDK's
+  work leaves the trainer's interpreter (its GIL); the program calls the gateway of its worker's process in-process,
+  and the engine hands each call and reply across the process boundary (pickled ``ChatRequest`` / ``Reply``).
 
 Every turn samples exactly ``--tokens`` tokens (``ignore_eos``; cut turns go on: ``parse_truncated_turns=True``), so
 both paths ask the server for the same work. Repetitions are interleaved in shuffled order after a warm-up.
@@ -40,6 +44,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import os
 import random
 import statistics
 import sys
@@ -56,23 +61,23 @@ import requests
 from trl_env import Budgets, Ending, VLLMServerGenerator, batch_rollout
 from trl_env.agents import AgentEnv, agent_env_factory
 from trl_env.agents.run import AgentRun
+from trl_env.isolation import isolated
 
-PATHS = ["env", "agent", "agent-http"]
+PATHS = ["env", "agent", "agent-http", "agent-proc"]
 _client_times: dict[str, list[tuple[float, float]]] = {}
 _client_lock = threading.Lock()
 _errors: list[str] = []
-TURNS = [4]  # set by main: the program's number of calls
 
 
-def agent_program(run: AgentRun, http: bool = False) -> float:
-    """``BenchEnv``'s task (4 turns, the same observations) on the openai SDK; records each call's client time."""
+def agent_program(run: AgentRun, http: bool = False, turns: int = 4) -> float:
+    """``BenchEnv``'s task (``turns`` turns, the same observations) on the openai SDK; records each call's client
+    time (in this process's ``_client_times``: ``TimedAgentEnv`` puts them in its info)."""
     if http:
         import openai
 
         client = openai.OpenAI(base_url=run.base_url, api_key=run.api_key, max_retries=0, timeout=600)
     else:
         client = run.openai(max_retries=0, timeout=600)
-    turns = TURNS[0]
     messages: list[dict[str, Any]] = [
         {"role": "user", "content": f"Episode {run.seed}. Say anything; this game lasts {turns} turns."}
     ]
@@ -98,11 +103,14 @@ def agent_program(run: AgentRun, http: bool = False) -> float:
 
 
 class TimedAgentEnv(AgentEnv):
-    """``AgentEnv`` recording, per call, when the engine got it and when the engine answered it (``info["spans"]``)."""
+    """``AgentEnv`` recording, per call, when the engine got it and when the engine answered it (``info["spans"]``),
+    and, once its program has returned, the program's client times (``info["calls"]``: they cross a process boundary
+    with the info; ``perf_counter`` is the system's monotonic clock, the same in every process)."""
 
     def reset(self, seed):  # type: ignore[no-untyped-def]
         out = super().reset(seed)
         self.info["seed"], self.info["spans"] = seed, [[time.perf_counter(), None]]
+        self.info["cpu"], self.info["pid"] = time.process_time(), os.getpid()
         return out
 
     def step(self, action):  # type: ignore[no-untyped-def]
@@ -110,7 +118,20 @@ class TimedAgentEnv(AgentEnv):
         out = super().step(action)
         if self.alive:
             self.info["spans"].append([time.perf_counter(), None])
+        else:
+            self._keep_calls()
         return out
+
+    def truncate(self, reason: str) -> None:
+        super().truncate(reason)
+        self._keep_calls()
+
+    def _keep_calls(self) -> None:
+        with _client_lock:
+            calls = _client_times.pop(self.info["seed"], None)
+        if calls is not None:
+            self.info["calls"] = calls
+            self.info["cpu"] = time.process_time() - self.info["cpu"]  # a worker process's: its one episode's
 
 
 class InstantGenerator:
@@ -195,7 +216,7 @@ def added_latency(rollouts: list) -> tuple[list[float], list[float], list[float]
     added, client, engine = [], [], []
     for r in rollouts:
         info = r.info["env"]
-        calls = _client_times.pop(info["seed"])
+        calls = info["calls"]
         spans = info["spans"]
         if len(calls) != len(spans) or any(s[1] is None for s in spans):
             raise RuntimeError(f"episode {info['seed']}: {len(calls)} client calls, spans {spans}")
@@ -282,7 +303,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--paths: the env path comes first (the ratios are to it)")
     PATHS[:] = args.paths
     coalesce = args.coalesce_s if args.coalesce_s == "auto" else float(args.coalesce_s)
-    TURNS[0] = args.turns
 
     from transformers import AutoTokenizer
 
@@ -306,8 +326,11 @@ def main(argv: list[str] | None = None) -> int:
             gen = VLLMServerGenerator(base_url, model=model_dir, temperature=1.0, extra_body=extra, post=counter)
         budgets = Budgets(max_turns=args.turns, max_new_tokens=args.tokens, max_completion_tokens=4096)
         agent_env_factory(agent_program)  # its checks (the agents extra)
-        factories = {"env": C.EnvFactory(args.turns), "agent": functools.partial(TimedAgentEnv, agent_program),
-                     "agent-http": functools.partial(TimedAgentEnv, functools.partial(agent_program, http=True))}  # fmt: skip
+        program = functools.partial(agent_program, turns=args.turns)
+        factories = {"env": C.EnvFactory(args.turns), "agent": functools.partial(TimedAgentEnv, program),
+                     "agent-http": functools.partial(TimedAgentEnv, functools.partial(program, http=True))}  # fmt: skip
+        if "agent-proc" in PATHS:  # as make_rollout_func(..., env_executor="process") wraps an env factory
+            factories["agent-proc"] = isolated(functools.partial(TimedAgentEnv, program), pool_size=args.env_workers)
 
         def run(path: str, n: int) -> dict[str, Any]:
             seeds = [f"{n}-{i}" for i in range(n)]
@@ -319,7 +342,9 @@ def main(argv: list[str] | None = None) -> int:
             wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
             check(rollouts, n, args.turns, path)
             reqs, prompts = counter.take()
-            result = dict(wall=wall, cpu=cpu, requests=reqs, prompts=prompts)
+            me = os.getpid()
+            workers = sum(r.info["env"]["cpu"] for r in rollouts if r.info.get("env", {}).get("pid", me) != me)
+            result = dict(wall=wall, cpu=cpu, workers_cpu=workers, requests=reqs, prompts=prompts)
             if path != "env":
                 result["added"], result["client"], result["engine"] = added_latency(rollouts)
             return result
@@ -366,11 +391,14 @@ def report(results: dict, sizes: list[int], reps: int, args: argparse.Namespace,
         f"{args.tokens} sampled tokens, history='deployed', env_workers={args.env_workers}, coalesce_s={args.coalesce_s}, one "
         "VLLMServerGenerator. "
         "agent: a fresh `openai.OpenAI` per episode from `run.openai()` (served in-process); agent-http: a fresh "
-        "`openai.OpenAI(base_url=run.base_url, ...)` per episode (loopback HTTP).",
+        "`openai.OpenAI(base_url=run.base_url, ...)` per episode (loopback HTTP); agent-proc: `agent` with each "
+        "episode's env and program in a worker process (`isolated`, as `env_executor='process'`). Trainer CPU: "
+        "this process's; worker CPU: agent-proc's worker processes', from each episode's reset to its program's "
+        "return (their forks not counted).",
         "",
         "| N | path | wall s, median (min-max) | / env (target <= 1.15) | completion requests per turn | prompts per "
-        "request | client CPU s | CPU ms per call |",
-        "|---|---|---|---|---|---|---|---|",
+        "request | trainer CPU s | trainer CPU ms per call | worker CPU ms per call |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for n in sizes:
         env_wall = statistics.median(r["wall"] for r in results[("env", n)])
@@ -383,7 +411,8 @@ def report(results: dict, sizes: list[int], reps: int, args: argparse.Namespace,
                 f"| {n} | {path} | {C.fmt_range([r['wall'] for r in runs])} | "
                 f"{'' if path == 'env' else f'**{ratio:.2f}**'} | {C.fmt_range(per_turn, 3)} | {per_req:.1f} | "
                 f"{statistics.median(r['cpu'] for r in runs):.1f} | "
-                f"{statistics.median(r['cpu'] for r in runs) / (n * args.turns) * 1e3:.2f} |"
+                f"{statistics.median(r['cpu'] for r in runs) / (n * args.turns) * 1e3:.2f} | "
+                f"{statistics.median(r['workers_cpu'] for r in runs) / (n * args.turns) * 1e3:.2f} |"
             )
     lines += [
         "",
@@ -405,5 +434,7 @@ def report(results: dict, sizes: list[int], reps: int, args: argparse.Namespace,
     return "\n".join(lines)
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # run as the module `bench_agents`: what agent-proc's worker processes unpickle by name
+    import bench_agents
+
+    raise SystemExit(bench_agents.main())
