@@ -404,3 +404,28 @@ def test_logprob_tokens_that_are_not_token_ids_are_a_server_error_naming_the_set
     gen = make(lambda url, json, timeout: Response(payload={"choices": [choice]}))
     with pytest.raises(ServerError, match="return_tokens_as_token_ids"):
         gen.submit([request(2)])[0].result()
+
+
+def test_lora_adapters_are_loaded_into_and_unloaded_from_every_server():
+    seen = []
+
+    def post(url, json, timeout):
+        seen.append((url, json))
+        if json["lora_name"] == "taken":
+            return Response(400, text="The lora adapter 'taken' has already been loaded.")
+        return Response(text="Success")
+
+    gen = make(post, urls=["http://a:1", "http://b:2"])
+    gen.load_lora_adapter("trl-env-x-step-1", "/adapters/trl-env-x-step-1")
+    gen.unload_lora_adapter("trl-env-x-step-0")
+    body = {"lora_name": "trl-env-x-step-1", "lora_path": "/adapters/trl-env-x-step-1"}
+    assert seen == [
+        ("http://a:1/v1/load_lora_adapter", body),
+        ("http://b:2/v1/load_lora_adapter", body),
+        ("http://a:1/v1/unload_lora_adapter", {"lora_name": "trl-env-x-step-0"}),
+        ("http://b:2/v1/unload_lora_adapter", {"lora_name": "trl-env-x-step-0"}),
+    ]
+    assert gen.model == "tiny"  # loading serves nothing by itself: requests name an adapter through `model`
+    with pytest.raises(ServerError, match="HTTP 400.*already been loaded") as refused:
+        gen.load_lora_adapter("taken", "/adapters/taken")
+    assert refused.value.url == "http://a:1"

@@ -36,10 +36,9 @@ def sync_lora(generator: VLLMServerGenerator, trainer: Any, adapter_dir: str) ->
             )
         path = os.path.abspath(os.path.join(adapter_dir, name))
         model.save_pretrained(path)
-        for url in generator.urls:
-            generator._post_ok("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}, url=url)
-            if generator.model != generator.served_model:
-                generator._post_ok("/v1/unload_lora_adapter", {"lora_name": generator.model}, url=url)
+        generator.load_lora_adapter(name, path)
+        if generator.model != generator.served_model:
+            generator.unload_lora_adapter(generator.model)
     accelerator.wait_for_everyone()
     generator.model, generator._lora_step = name, step
 

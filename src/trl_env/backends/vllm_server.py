@@ -358,7 +358,28 @@ class VLLMServerGenerator(GeneratorBase):
             unreachable=unreachable,
         ) from cause
 
-    # -- policy sync through LoRA adapters (no NCCL, no CUDA) -------------------------------------
+    # -- LoRA adapters served at run time (policy sync without NCCL or CUDA, frozen snapshots) ------
+
+    def load_lora_adapter(self, name: str, path: str) -> None:
+        """Load the PEFT adapter saved at ``path`` into every server under ``name`` (``POST /v1/load_lora_adapter``).
+
+        A request samples with it once it names it as ``model`` (set ``self.model``). The servers need
+        ``--enable-lora --max-lora-rank R`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``, and must read ``path``.
+
+        Raises:
+            ServerError: a server refused it (HTTP 4xx, e.g. a name already loaded) or failed after the retries.
+        """
+        for url in self.urls:
+            self._post_ok("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}, url=url)
+
+    def unload_lora_adapter(self, name: str) -> None:
+        """Unload adapter ``name`` from every server (``POST /v1/unload_lora_adapter``); requests naming it then fail.
+
+        Raises:
+            ServerError: a server refused it (e.g. no such adapter) or failed after the retries.
+        """
+        for url in self.urls:
+            self._post_ok("/v1/unload_lora_adapter", {"lora_name": name}, url=url)
 
     def sync_lora(self, trainer: Any, adapter_dir: str) -> None:
         """Serve the trainer's PEFT adapter if the global step changed since the last sync (``backends.lora_sync``)."""

@@ -130,11 +130,9 @@ class LoraSnapshots(GeneratorBase, TrainerCallback):  # type: ignore[misc]  # Tr
         state = PartialState()
         if state.is_main_process:
             model.save_pretrained(path)
-            for url in self.generator.urls:
-                _load(self.generator, url, name, path)
-                if old is not None and old != name:
-                    self.generator._post_ok("/v1/unload_lora_adapter", {"lora_name": old}, url=url)
+            _load(self.generator, name, path)
             if old is not None and old != name:
+                self.generator.unload_lora_adapter(old)
                 shutil.rmtree(os.path.join(self.adapter_dir, old), ignore_errors=True)
         state.wait_for_everyone()
         self.generator.model, self.step = name, step
@@ -153,17 +151,17 @@ def _check_peft(model: Any) -> None:
         )
 
 
-def _load(generator: VLLMServerGenerator, url: str, name: str, path: str) -> None:
-    """``POST /v1/load_lora_adapter``; a server that does not load it is a ``ConfigError`` naming the server flags.
+def _load(generator: VLLMServerGenerator, name: str, path: str) -> None:
+    """Load the snapshot into every server; one that does not load it is a ``ConfigError`` naming the server flags.
 
     vLLM 0.32 answers 404 without ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` (no such route) and an error from its engine
     (a 5xx, retried first) without ``--enable-lora``.
     """
     try:
-        generator._post_ok("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}, url=url)
+        generator.load_lora_adapter(name, path)
     except ServerError as e:
         raise ConfigError(
-            f"{url} did not load the snapshot adapter {name!r} from {path}: {str(e)[:300]}. Serve the policy with "
+            f"{e.url} did not load the snapshot adapter {name!r} from {path}: {str(e)[:300]}. Serve the policy with "
             "--enable-lora --max-lora-rank R (R >= the LoraConfig's r) and the environment variable "
             "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, and give adapter_dir on a file system the server reads."
         ) from e
