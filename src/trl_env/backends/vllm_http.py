@@ -7,6 +7,7 @@ sends the requests.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -16,6 +17,8 @@ import urllib3
 
 from trl_env.backends.base import FinishReason, Generation, GenerationRequest
 from trl_env.errors import ConfigError, ServerError
+
+logger = logging.getLogger("trl_env.backends.vllm_server")  # the client's warnings, under the client's name
 
 
 def _http_session(n_servers: int, max_in_flight: int) -> requests.Session:
@@ -71,6 +74,19 @@ def logprobs_mode(get: Callable[..., Any], url: str, timeout: float) -> Any:
         return _find_key(response.json(), "logprobs_mode") if response.status_code == 200 else None
     except Exception:  # noqa: BLE001  # /server_info is optional (dev mode only)
         return None
+
+
+def check_logprobs_mode(get: Callable[..., Any], url: str, timeout: float) -> None:
+    """Warn when the server at ``url`` reports a ``logprobs_mode`` other than processed logprobs."""
+    mode = logprobs_mode(get, url, timeout)
+    if mode is not None and "processed" not in str(mode):
+        logger.warning(
+            "The vLLM server at %s reports logprobs_mode=%s: its logprobs ignore temperature and other "
+            "sampling processors, which biases TRL's importance-sampling correction. Restart it with "
+            "`--logprobs-mode processed_logprobs` (what `trl vllm-serve` sets).",
+            url,
+            mode,
+        )
 
 
 def parse_completions(

@@ -16,7 +16,6 @@ error, timeout, 5xx) is retried on another one at once, and requests avoid that 
 from __future__ import annotations
 
 import functools
-import logging
 import math
 import random
 import threading
@@ -38,7 +37,7 @@ from trl_env.backends.lora_sync import sync_lora
 from trl_env.backends.vllm_http import (
     _http_session,
     _unreachable,
-    logprobs_mode,
+    check_logprobs_mode,
     parse_completion,
     parse_completions,
     served_model,
@@ -47,7 +46,6 @@ from trl_env.errors import ConfigError, ServerError
 
 __all__ = ["VLLMServerGenerator", "parse_completion", "parse_completions"]
 
-logger = logging.getLogger(__name__)
 AVOID_FAILED_S = 5.0
 """Seconds during which requests prefer other servers to one that a request just failed on."""
 
@@ -143,7 +141,7 @@ class VLLMServerGenerator(GeneratorBase):
         """The ``model`` field of requests: the served model, or a LoRA adapter's name once one is loaded."""
         self._lora_step: int | None = None
         self._lora_run: str | None = None  # lora_sync's adapter names: trl-env-{run}-step-{step}
-        self._check_logprobs_mode(connect_timeout)
+        check_logprobs_mode(self._get, self.urls[0], connect_timeout)
 
     @classmethod
     def from_trainer(
@@ -384,19 +382,6 @@ class VLLMServerGenerator(GeneratorBase):
     def sync_lora(self, trainer: Any, adapter_dir: str) -> None:
         """Serve the trainer's PEFT adapter if the global step changed since the last sync (``backends.lora_sync``)."""
         sync_lora(self, trainer, adapter_dir)
-
-    # -- start-up checks --------------------------------------------------------------------------
-
-    def _check_logprobs_mode(self, connect_timeout: float) -> None:
-        mode = logprobs_mode(self._get, self.urls[0], connect_timeout)
-        if mode is not None and "processed" not in str(mode):
-            logger.warning(
-                "The vLLM server at %s reports logprobs_mode=%s: its logprobs ignore temperature and other "
-                "sampling processors, which biases TRL's importance-sampling correction. Restart it with "
-                "`--logprobs-mode processed_logprobs` (what `trl vllm-serve` sets).",
-                self.urls[0],
-                mode,
-            )
 
 
 def _halves(members: list[T]) -> list[list[T]]:
