@@ -4,15 +4,39 @@ from __future__ import annotations
 
 import os
 import secrets
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from trl_env.errors import ConfigError
 
-if TYPE_CHECKING:
-    from trl_env.backends.vllm_server import VLLMServerGenerator
+
+@dataclass
+class LoraSync:
+    """What ``sync_lora`` keeps per generator."""
+
+    step: int | None = None
+    """The global step whose adapter is served; ``None`` before the first sync."""
+    run: str | None = None
+    """This generator's run token, in every adapter name: ``trl-env-{run}-step-{step}``."""
 
 
-def sync_lora(generator: VLLMServerGenerator, trainer: Any, adapter_dir: str) -> None:
+class AdapterServers(Protocol):
+    """What ``sync_lora`` needs of a generator (``VLLMServerGenerator``): adapter routes, the name requests carry."""
+
+    model: str
+    served_model: str
+    lora: LoraSync
+
+    def load_lora_adapter(self, name: str, path: str) -> None:
+        """Load the adapter saved at ``path`` into every server under ``name``."""
+        ...
+
+    def unload_lora_adapter(self, name: str) -> None:
+        """Unload adapter ``name`` from every server."""
+        ...
+
+
+def sync_lora(generator: AdapterServers, trainer: Any, adapter_dir: str) -> None:
     """Serve the trainer's current PEFT adapter if the global step changed since the last sync.
 
     The main process saves the adapter to ``adapter_dir/NAME``, loads it into every server
@@ -23,7 +47,7 @@ def sync_lora(generator: VLLMServerGenerator, trainer: Any, adapter_dir: str) ->
     every rank, so a second run (or trainer) against the same long-lived server never meets its names.
     """
     step = int(trainer.state.global_step)
-    if step == generator._lora_step:
+    if step == generator.lora.step:
         return
     accelerator = trainer.accelerator
     name = f"trl-env-{_run_token(generator, accelerator)}-step-{step}"
@@ -40,16 +64,16 @@ def sync_lora(generator: VLLMServerGenerator, trainer: Any, adapter_dir: str) ->
         if generator.model != generator.served_model:
             generator.unload_lora_adapter(generator.model)
     accelerator.wait_for_everyone()
-    generator.model, generator._lora_step = name, step
+    generator.model, generator.lora.step = name, step
 
 
-def _run_token(generator: VLLMServerGenerator, accelerator: Any) -> str:
+def _run_token(generator: AdapterServers, accelerator: Any) -> str:
     """This generator's run token: drawn by the main process at the first sync, broadcast to every rank."""
-    if generator._lora_run is None:
+    if generator.lora.run is None:
         token = [secrets.token_hex(4) if accelerator.is_main_process else ""]
         if accelerator.num_processes > 1:
             from accelerate.utils import broadcast_object_list  # type: ignore[import-untyped]
 
             broadcast_object_list(token, from_process=0)
-        generator._lora_run = token[0]
-    return generator._lora_run
+        generator.lora.run = token[0]
+    return generator.lora.run

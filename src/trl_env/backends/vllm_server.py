@@ -33,7 +33,7 @@ from trl_env.backends.base import (
     Sampling,
     vllm_sampling,
 )
-from trl_env.backends.lora_sync import sync_lora
+from trl_env.backends.lora_sync import LoraSync, sync_lora
 from trl_env.backends.vllm_http import (
     _http_session,
     _unreachable,
@@ -139,8 +139,8 @@ class VLLMServerGenerator(GeneratorBase):
         self.served_model, self._context_limit = served_model(self._get, self.urls[0], connect_timeout, model)
         self.model = self.served_model
         """The ``model`` field of requests: the served model, or a LoRA adapter's name once one is loaded."""
-        self._lora_step: int | None = None
-        self._lora_run: str | None = None  # lora_sync's adapter names: trl-env-{run}-step-{step}
+        self.lora = LoraSync()
+        """``sync_lora``'s record: the step whose adapter is served, the run token of the adapter names."""
         check_logprobs_mode(self._get, self.urls[0], connect_timeout)
 
     @classmethod
