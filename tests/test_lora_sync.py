@@ -56,3 +56,16 @@ def test_each_new_step_loads_its_adapter_then_unloads_the_one_before(trainer, tm
         ("load", names[3]),
         ("unload", names[2]),
     ]
+
+
+def test_the_adapter_folders_it_saved_are_deleted_once_the_next_one_is_served(trainer, tmp_path):
+    """Only the served adapter's folder stays (the last one at the end of training); nothing else in the folder goes."""
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("a user's file")
+    servers = Servers()
+    for step in (0, 1, 2):
+        trainer.state.global_step = step
+        sync_lora(servers, trainer, str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["mine", servers.model])
+    assert (tmp_path / servers.model / "adapter_config.json").is_file()
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "a user's file"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -18,6 +19,8 @@ class LoraSync:
     """The global step whose adapter is served; ``None`` before the first sync."""
     run: str | None = None
     """This generator's run token, in every adapter name: ``trl-env-{run}-step-{step}``."""
+    path: str | None = None
+    """The folder the served adapter was saved to (main process); deleted once the next one is served."""
 
 
 class AdapterServers(Protocol):
@@ -41,8 +44,11 @@ def sync_lora(generator: AdapterServers, trainer: Any, adapter_dir: str) -> None
 
     The main process saves the adapter to ``adapter_dir/NAME``, loads it into every server
     (``POST /v1/load_lora_adapter``; the server needs ``--enable-lora`` and
-    ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``) and unloads the previous one; then every request
-    names the adapter as its ``model``. Every rank calls this (a barrier keeps them together).
+    ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``), unloads the previous one and deletes the folder it saved that one to;
+    then every request names the adapter as its ``model``. Every rank calls this (a barrier keeps them together).
+    So ``adapter_dir`` holds one adapter of this generator's, the one served (after training, the last step's: kept,
+    as is anything in ``adapter_dir`` this sync did not save, such as another run's adapters or the trainer's
+    checkpoints).
     NAME is ``trl-env-{run}-step-{step}``, ``run`` drawn once per generator by the main process and shared with
     every rank, so a second run (or trainer) against the same long-lived server never meets its names.
     """
@@ -63,6 +69,9 @@ def sync_lora(generator: AdapterServers, trainer: Any, adapter_dir: str) -> None
         generator.load_lora_adapter(name, path)
         if generator.model != generator.served_model:
             generator.unload_lora_adapter(generator.model)
+        if generator.lora.path is not None:  # the folder of the adapter just unloaded: this sync saved it
+            shutil.rmtree(generator.lora.path, ignore_errors=True)
+        generator.lora.path = path
     accelerator.wait_for_everyone()
     generator.model, generator.lora.step = name, step
 
