@@ -28,9 +28,11 @@ import argparse
 import contextlib
 import fcntl
 import json
+import math
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -47,9 +49,9 @@ LOCK = "/tmp/trl_env_heavy.lock"
 RANDOM_MOVE = "trl_env.integrations.textarena_seats:random_move"
 SEATS = {0: f"policy,{RANDOM_MOVE}", 1: f"{RANDOM_MOVE},policy"}
 RATES = ("win_rate", "draw_rate", "loss_rate", "invalid_move_rate")
-#: The server: one unpinned OpenMP pool of 2 threads (pinned threads spin when another job holds a core), a KV
-#: cache for 400 concurrent games of SmolLM2 (30 layers x 3 KV heads x 64 x fp32: 46 KB a token).
-SERVER_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "2", "VLLM_CPU_KVCACHE_SPACE": "4"}
+#: The server: one unpinned OpenMP pool (pinned threads spin when another job holds a core) of ``--server-threads``
+#: threads, a KV cache for 400 concurrent games of SmolLM2 (30 layers x 3 KV heads x 64 x fp32: 46 KB a token).
+SERVER_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CPU_KVCACHE_SPACE": "4"}
 TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -61,23 +63,32 @@ def log(msg: str) -> None:
 def heavy(what: str) -> Iterator[None]:
     """Hold the shared heavy-job lock (``flock /tmp/trl_env_heavy.lock``) around one bounded piece."""
     if os.environ.get("SELFPLAY_NO_LOCK") == "1":  # the caller holds it
+        log(f"{what}: load average {load()}")
         yield
+        log(f"{what}: done, load average {load()}")
         return
     with open(LOCK, "a") as f:
         t0 = time.monotonic()
         fcntl.flock(f, fcntl.LOCK_EX)
-        log(f"{what}: lock held after {time.monotonic() - t0:.0f} s wait")
+        log(f"{what}: lock held after {time.monotonic() - t0:.0f} s wait, load average {load()}")
         try:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+            log(f"{what}: lock released, load average {load()}")
+
+
+def load() -> list[float]:
+    """The machine's 1, 5 and 15 minute load averages (2 cores: above 2 means something else ran beside)."""
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 @contextlib.contextmanager
-def server(model_dir: str, *, lora_rank: int | None, log_path: Path) -> Iterator[str]:
+def server(model_dir: str, *, lora_rank: int | None, log_path: Path, threads: int) -> Iterator[str]:
     t0 = time.monotonic()
+    env = {**SERVER_ENV, "OMP_NUM_THREADS": str(threads)}
     with C._vllm.start_vllm_server(
-        model_dir, lora=lora_rank is not None, max_lora_rank=lora_rank or 8, env=SERVER_ENV, timeout=900,
+        model_dir, lora=lora_rank is not None, max_lora_rank=lora_rank or 8, env=env, timeout=900,
         log_path=log_path,
     ) as (url, _pid):  # fmt: skip
         log(f"server for {model_dir} healthy after {time.monotonic() - t0:.0f} s at {url}")
@@ -99,17 +110,16 @@ def eval_command(url: str, args: argparse.Namespace, game: Any, out: Path, seat:
 
 
 def evaluate(url: str, args: argparse.Namespace, game: Any, out: Path, name: str) -> None:
-    """Both seats' evals at once (one server batches both) under one hold of the lock; ``{name}_seat{s}/``."""
+    """Both seats' evals at once (one server batches both); ``{name}_seat{s}/``. The caller holds the lock."""
     cmds = {seat: eval_command(url, args, game, out / f"{name}_seat{seat}", seat) for seat in (0, 1)}
-    with heavy(f"eval {name}"):
-        t0 = time.monotonic()
-        procs = {seat: subprocess.Popen(cmd, stdout=subprocess.DEVNULL) for seat, cmd in cmds.items()}
-        for seat, proc in procs.items():
-            if proc.wait() != 0:
-                raise RuntimeError(f"eval {name} seat {seat} exited with {proc.returncode}: {cmds[seat]}")
-            meta = {"command": cmds[seat], "wall_s": time.monotonic() - t0}
-            (out / f"{name}_seat{seat}" / "command.json").write_text(json.dumps(meta, indent=1))
-            log(f"{name} seat {seat}: {seat_row(out / f'{name}_seat{seat}' / 'summary.md', seat)}")
+    t0, load_start = time.monotonic(), load()
+    procs = {seat: subprocess.Popen(cmd, stdout=subprocess.DEVNULL) for seat, cmd in cmds.items()}
+    for seat, proc in procs.items():
+        if proc.wait() != 0:
+            raise RuntimeError(f"eval {name} seat {seat} exited with {proc.returncode}: {cmds[seat]}")
+        meta = {"command": cmds[seat], "wall_s": time.monotonic() - t0, "load_start": load_start, "load_end": load()}
+        (out / f"{name}_seat{seat}" / "command.json").write_text(json.dumps(meta, indent=1))
+        log(f"{name} seat {seat}: {seat_row(out / f'{name}_seat{seat}' / 'summary.md', seat)}")
 
 
 def seat_row(summary_md: Path, seat: int) -> dict[str, float]:
@@ -138,7 +148,7 @@ def train(url: str, args: argparse.Namespace, game: Any, seed: int, out: Path, w
     from trl_env import ChatMLProcessor, env_reward, make_rollout_func
     from trl_env.integrations.episode_trainer import EpisodeGRPOTrainer
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.train_threads)
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
     model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
     rollout_func = make_rollout_func(
@@ -155,6 +165,7 @@ def train(url: str, args: argparse.Namespace, game: Any, seed: int, out: Path, w
     config = GRPOConfig(
         output_dir=str(workdir / f"trainer_seed{seed}"), max_steps=args.steps,
         per_device_train_batch_size=args.batch, num_generations=4, max_completion_length=1024,
+        gradient_checkpointing=args.gradient_checkpointing,
         learning_rate=args.lr, temperature=1.0, beta=0.0, logging_steps=1, report_to=[], save_strategy="no",
         seed=seed, data_seed=seed, use_cpu=True, bf16=False,
     )  # fmt: skip
@@ -162,17 +173,24 @@ def train(url: str, args: argparse.Namespace, game: Any, seed: int, out: Path, w
     step_log = out / f"train_seed{seed}.json"
 
     class StepLog(TrainerCallback):
-        """Each logged step to stderr and to ``train_seed{N}.json`` as it comes (a cut run keeps its steps)."""
+        """Each logged step to stderr and to ``train_seed{N}.json`` as it comes (a cut run keeps its steps); no step
+        starts after ``--train-budget-s`` seconds of training (the steps done are the run)."""
+
+        def on_step_end(self, _args: Any, _state: Any, control: Any, **_: Any) -> None:
+            if args.train_budget_s and time.monotonic() - started > args.train_budget_s:
+                control.should_training_stop = True
 
         def on_log(self, _args: Any, state: Any, _control: Any, logs: dict | None = None, **_: Any) -> None:
             if not logs or "env/seat0/win_rate" not in logs:
                 return
             wall = time.monotonic() - started
+            state.log_history[-1].update(wall_s=wall, load=load())  # Trainer.log appended a copy of logs
             steps = [h for h in state.log_history if "env/seat0/win_rate" in h]
             meta = {
                 "seed": seed,
                 "steps": len(steps),
                 "wall_s": wall,
+                "load": load(),  # at this step's log; every step's is in its per_step entry
                 "args": {k: str(v) for k, v in vars(args).items()},
             }
             step_log.write_text(json.dumps({**meta, "per_step": steps}, indent=1))
@@ -186,9 +204,8 @@ def train(url: str, args: argparse.Namespace, game: Any, seed: int, out: Path, w
         peft_config=LoraConfig(r=args.lora_rank, lora_alpha=2 * args.lora_rank, lora_dropout=0.0,
                                target_modules=TARGET_MODULES),
     )  # fmt: skip
-    with heavy(f"train seed {seed}"):
-        started = time.monotonic()
-        trainer.train()
+    started = time.monotonic()
+    trainer.train()
     save_merged(trainer.model, tokenizer, workdir / f"merged_seed{seed}")
     log(f"seed {seed}: {args.steps} steps in {time.monotonic() - started:.0f} s")
 
@@ -224,6 +241,14 @@ def merged_model(args: argparse.Namespace, seed: int, workdir: Path) -> Path:
 # --------------------------------------------------------------------------------------------- summary
 
 
+def wilson(rate: float, n: float, z: float = 1.96) -> str:
+    """The 95% Wilson score interval of a rate measured over ``n`` games, as ``lo-hi``."""
+    if n <= 0:
+        return "-"
+    center, half = rate + z * z / (2 * n), z * math.sqrt(rate * (1 - rate) / n + z * z / (4 * n * n))
+    return f"{(center - half) / (1 + z * z / n):.3f}-{(center + half) / (1 + z * z / n):.3f}"
+
+
 def spread(values: list[float]) -> str:
     if len(values) < 2:
         return f"{values[0]:.3f} (one seed)" if values else "-"
@@ -245,14 +270,17 @@ def write_summary(out: Path, argv: list[str]) -> dict[str, Any]:
     lines = [
         "# Self-play on SmolLM2: win rate against random_move before and after", "",
         f"Written by `python benchmarks/selfplay_smollm2.py {' '.join(argv)}`.", "",
-        "| phase | seed | seat | games | win | draw | loss | invalid move | eval wall (both seats at once) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| phase | seed | seat | games | win | win, 95% Wilson | draw | loss | invalid move | invalid, 95% Wilson "
+        "| eval wall (both seats at once) | load average (start, end) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]  # fmt: skip
     for e in evals:
-        rates = " | ".join(f"{e.get(r, float('nan')):.3f}" for r in RATES)
+        n, (win, draw, loss, invalid) = e.get("scored", 0), (e.get(r, float("nan")) for r in RATES)
         seed = "-" if e["seed"] is None else e["seed"]
-        lines.append(f"| {e['phase']} | {seed} | {e['seat']} | {e.get('scored', 0):.0f} | {rates} | "
-                     f"{e.get('wall_s', float('nan')):.0f} s |")  # fmt: skip
+        loads = f"{e['load_start'][0]:.1f}, {e['load_end'][0]:.1f}" if "load_start" in e else "-"
+        lines.append(f"| {e['phase']} | {seed} | {e['seat']} | {n:.0f} | {win:.3f} | {wilson(win, n)} | {draw:.3f} | "
+                     f"{loss:.3f} | {invalid:.3f} | {wilson(invalid, n)} | {e.get('wall_s', float('nan')):.0f} s | "
+                     f"{loads} |")  # fmt: skip
     lines += ["", "| seat | rate | before | after (mean ± sd over seeds) | after - before, per seed |",
               "| --- | --- | --- | --- | --- |"]  # fmt: skip
     for seat in (0, 1):
@@ -282,6 +310,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batch", type=int, default=8, help="rows per step (num_generations 4: batch/2 games)")
     parser.add_argument("--lr", type=float, default=5e-4, help="LoRA learning rate")
     parser.add_argument("--lora-rank", type=int, default=16)
+    parser.add_argument("--train-budget-s", type=float, default=0, help="no training step starts after this (0: none)")
+    parser.add_argument(
+        "--gradient-checkpointing",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="recompute activations in backward (less memory, about a third more compute)",
+    )
+    parser.add_argument("--train-threads", type=int, default=2, help="torch threads of the trainer")
+    parser.add_argument(
+        "--server-threads",
+        type=int,
+        default=1,
+        help="OpenMP threads of the vLLM server (2 stall at every barrier when a core is busy)",
+    )
     parser.add_argument("--games", type=int, default=200, help="eval games per seat")
     parser.add_argument("--phases", default="before,train,after", help="any of before,train,after")
     parser.add_argument("--out", default=str(C.RESULTS_DIR / "selfplay_smollm2" / "run"))
@@ -289,6 +331,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--base-url", default=None, help="a running server of --model with LoRA (rank >= --lora-rank)")
     parser.add_argument("--quick", action="store_true", help="tiny model, 1 seed, 1 step, 4 games a seat")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped run stops its servers too (the finally's)
     if args.quick:
         args.model, args.seeds, args.steps, args.games, args.batch = "tiny", "0", 1, 4, 8
     import selfplay_tictactoe as game  # experiment/examples: the game, its prompt, the seating
@@ -301,23 +344,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     workdir.mkdir(parents=True, exist_ok=True)
     phases, seeds = set(args.phases.split(",")), [int(x) for x in args.seeds.split(",")]
-    if phases & {"before", "train"}:
-        base = (
-            contextlib.nullcontext(args.base_url)
-            if args.base_url
-            else server(args.model_dir, lora_rank=args.lora_rank, log_path=workdir / "server_base.log")
+
+    def base() -> contextlib.AbstractContextManager[str]:  # the model as it was, LoRA enabled (lora_sync's target)
+        if args.base_url:
+            return contextlib.nullcontext(args.base_url)
+        return server(
+            args.model_dir, lora_rank=args.lora_rank, log_path=workdir / "server_base.log", threads=args.server_threads
         )
-        with base as url:
-            if "before" in phases:
-                evaluate(url, args, game, out, "before")
+
+    if "before" in phases:
+        with heavy("before"), base() as url:  # one hold of the lock per piece, its server's start included
+            evaluate(url, args, game, out, "before")
+        write_summary(out, argv)
+    for seed in seeds if phases & {"train", "after"} else []:
+        with heavy(f"seed {seed}"):  # its training and its after-eval, then the lock is free for others
+            if "train" in phases:
+                with base() as url:
+                    train(url, args, game, seed, out, workdir)
                 write_summary(out, argv)
-            for seed in seeds if "train" in phases else []:
-                train(url, args, game, seed, out, workdir)
-                write_summary(out, argv)
-    for seed in seeds if "after" in phases else []:
-        merged = str(merged_model(args, seed, workdir))  # the eval command samples the server's one model
-        with server(merged, lora_rank=None, log_path=workdir / f"server_seed{seed}.log") as url:
-            evaluate(url, args, game, out, f"after_seed{seed}")
+            if "after" in phases:
+                merged = str(merged_model(args, seed, workdir))  # the eval command samples the server's one model
+                log_path = workdir / f"server_seed{seed}.log"
+                with server(merged, lora_rank=None, log_path=log_path, threads=args.server_threads) as url:
+                    evaluate(url, args, game, out, f"after_seed{seed}")
         write_summary(out, argv)
     return write_summary(out, argv)
 
