@@ -3,6 +3,7 @@ handed between seats without deadlock on any backend, and one seat's failure fai
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
@@ -238,6 +239,30 @@ def test_a_frozen_generators_session_wraps_the_games_and_can_refuse_them(tokeniz
     seating = Seating(SecretNim, (POLICY, Frozen(NotReady())))
     with pytest.raises(ConfigError, match="no snapshot yet"):
         play(["5"], seating, tokenizer, ReplyGenerator(tokenizer, take("1")))
+
+
+def test_a_minimal_frozen_generators_session_wraps_the_games_too(tokenizer):
+    """A generator with ``session()`` but no ``context_limit`` (not a full ``Generator``) keeps its session."""
+
+    class Minimal:  # continuous, submit and session: no GeneratorBase, no context_limit
+        continuous = False
+
+        def __init__(self) -> None:
+            self.inner, self.sessions = ReplyGenerator(tokenizer, take("2")), []
+
+        @contextlib.contextmanager
+        def session(self):
+            self.sessions.append(("enter", len(self.inner.requests)))
+            yield
+            self.sessions.append(("exit", len(self.inner.requests)))
+
+        def submit(self, requests):
+            return self.inner.submit(requests)
+
+    frozen = Minimal()
+    [r] = play(["5"], Seating(SecretNim, (POLICY, Frozen(frozen))), tokenizer, ReplyGenerator(tokenizer, take("1")))
+    assert r.ending is Ending.ENV_DONE, r.error
+    assert frozen.sessions == [("enter", 0), ("exit", len(frozen.inner.requests))] and frozen.inner.requests
 
 
 # -- history="deployed": each seat's rows are its template's rendering of its own conversation ----------------------

@@ -107,11 +107,29 @@ class GeneratorBase:
         raise NotImplementedError
 
 
+@runtime_checkable
+class _Limited(Protocol):
+    @property
+    def context_limit(self) -> int | None: ...
+
+
+@runtime_checkable
+class _Sessioned(Protocol):
+    def session(self) -> contextlib.AbstractContextManager[None]: ...
+
+
 class _Minimal(GeneratorBase):
-    """A plain object with ``continuous`` and ``submit``, given the defaults of ``GeneratorBase``."""
+    """A plain object with ``continuous`` and ``submit``; its ``context_limit`` and ``session()`` where it has them."""
 
     def __init__(self, inner: Any) -> None:
         self.inner, self.continuous = inner, bool(inner.continuous)
+
+    @property
+    def context_limit(self) -> int | None:
+        return self.inner.context_limit if isinstance(self.inner, _Limited) else None
+
+    def session(self) -> contextlib.AbstractContextManager[None]:
+        return self.inner.session() if isinstance(self.inner, _Sessioned) else contextlib.nullcontext()
 
     def submit(self, requests: Sequence[GenerationRequest]) -> list[Future[Generation]]:
         return list(self.inner.submit(requests))
@@ -119,6 +137,8 @@ class _Minimal(GeneratorBase):
 
 def as_generator(generator: object) -> Generator:
     """``generator`` as a full ``Generator``: a ``GeneratorBase`` (or a complete one) as it is, a minimal one wrapped.
+
+    The wrapper keeps what the object has of ``context_limit`` and ``session()`` and gives the rest their defaults.
 
     Raises:
         ConfigError: for an object without ``continuous`` and ``submit``.
