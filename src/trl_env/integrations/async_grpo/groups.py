@@ -6,27 +6,36 @@
 
 from __future__ import annotations
 
+import collections
 import functools
 import math
+import re
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from trl_env.backends.base import Generation, GenerationRequest, GeneratorBase, request_sampling_of
-from trl_env.credit import EpisodeCredit, estimate
+from trl_env.backends.base import Generation, GenerationRequest, Generator, GeneratorBase, request_sampling_of
+from trl_env.credit import CreditEstimator, EpisodeCredit, estimate
+from trl_env.env import Env
 from trl_env.errors import ServerError
+from trl_env.integrations.async_grpo.buffer import _RolloutBuffer
 from trl_env.integrations.async_grpo.samples import (
     GroupRecord,
+    ScaleRewards,
+    Unscored,
     _env_metrics,
     episode_samples,
     group_advantages,
     group_credit_metrics,
     turn_samples,
 )
-from trl_env.rollout import Ending, History, Rollout, batch_rollout
+from trl_env.integrations.options import RolloutOptions
+from trl_env.processors.base import Processor
+from trl_env.rollout import Budgets, Ending, History, Rollout, batch_rollout
 from trl_env.rollout.records import Turn
 from trl_env.rollout.seated import play_seats
 from trl_env.seats import Seating
@@ -34,10 +43,53 @@ from trl_env.seats import Seating
 if TYPE_CHECKING:
     from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
-    from trl_env.integrations.async_grpo.worker import TrlEnvRolloutWorker
+
+class GroupWorker(Protocol):
+    """What a group needs of its ``TrlEnvRolloutWorker`` (worker.py, which runs ``run_group`` on its threads).
+
+    A protocol, so that this module does not import the worker that imports it: the settings a group reads, the state
+    the group threads share (under ``_lock``), and the worker's helpers that ``run_group`` calls (tests record them).
+    """
+
+    env_factory: Callable[[], Env] | Seating
+    processor: Processor
+    tokenizer: Any
+    generator: Generator
+    options: RolloutOptions
+    budgets: Budgets
+    num_generations: int
+    estimator: CreditEstimator | None
+    scale_rewards: ScaleRewards
+    unscored: Unscored
+    mask_truncated: bool
+    on_group: Callable[[GroupRecord, list[Rollout]], None] | None
+    model_version: int
+    counts: dict[str, int]
+    groups: collections.deque[GroupRecord]
+    _lock: threading.Lock
+    _push_lock: threading.Lock
+    _stopping: threading.Event
+    _pending: set[Future[Generation]]
+    _buffer: _RolloutBuffer
+    _policy_re: re.Pattern[str] | None
+
+    def _tick(self) -> None: ...
+    def _halted(self) -> bool: ...
+    def _put_metrics(self, metrics: dict[str, Any]) -> None: ...
+    def _stale(self, sample: RolloutSample) -> bool: ...
+    def _score(
+        self,
+        group_id: int,
+        rollouts: list[Rollout],
+        versions: list[tuple[int, int] | None],
+        fallback: int,
+        newest: int | None,
+    ) -> tuple[list[list[RolloutSample]], dict[str, Any]]: ...
+    def _push(self, episodes: list[list[RolloutSample]]) -> tuple[int, int, float, int, int]: ...
+    def _write_transcripts(self, group_id: int, version: int, rollouts: list[Rollout]) -> None: ...
 
 
-def run_group(worker: TrlEnvRolloutWorker, group_id: int, seed: Any, claim: int) -> None:
+def run_group(worker: GroupWorker, group_id: int, seed: Any, claim: int) -> None:
     """Run, score and push one group on ``seed`` (a group thread of ``worker``), settling its ``claim`` of rows."""
     started, version_at_start = time.time(), worker.model_version
     gen = _GroupGenerator(worker)
@@ -105,9 +157,7 @@ def run_group(worker: TrlEnvRolloutWorker, group_id: int, seed: Any, claim: int)
         worker.on_group(record, rollouts)
 
 
-def _versions(
-    worker: TrlEnvRolloutWorker, turns: Sequence[Turn], fallback: int, newest: int | None
-) -> tuple[int, int] | None:
+def _versions(worker: GroupWorker, turns: Sequence[Turn], fallback: int, newest: int | None) -> tuple[int, int] | None:
     """(oldest, newest) version among an episode's or a row's turns: from their adapter names, else ``fallback``."""
     if not turns:
         return None
@@ -118,13 +168,13 @@ def _versions(
     return min(known), max(known)
 
 
-def _parse_policy(worker: TrlEnvRolloutWorker, policy: str | None) -> int | None:
+def _parse_policy(worker: GroupWorker, policy: str | None) -> int | None:
     match = worker._policy_re.match(policy) if (policy and worker._policy_re) else None
     return int(match.group(1)) if match else None
 
 
 def score_group(
-    worker: TrlEnvRolloutWorker,
+    worker: GroupWorker,
     group_id: int,
     rollouts: list[Rollout],
     versions: list[tuple[int, int] | None],
@@ -195,7 +245,7 @@ def score_group(
     return samples, metrics
 
 
-def push_group(worker: TrlEnvRolloutWorker, episodes: list[list[RolloutSample]]) -> tuple[int, int, float, int, int]:
+def push_group(worker: GroupWorker, episodes: list[list[RolloutSample]]) -> tuple[int, int, float, int, int]:
     """Put the rows on the buffer, a group's rows together, an episode's rows at once; drop stale episodes.
 
     Returns (episodes pushed, episodes dropped as stale, waited_s, rows pushed, rows left unpushed by ``stop()``).
@@ -220,7 +270,7 @@ def push_group(worker: TrlEnvRolloutWorker, episodes: list[list[RolloutSample]])
     return pushed, dropped, waited, rows, 0
 
 
-def _track(worker: TrlEnvRolloutWorker, inner: list[Future[Generation]]) -> list[Future[Generation]]:
+def _track(worker: GroupWorker, inner: list[Future[Generation]]) -> list[Future[Generation]]:
     """Futures the worker can fail on ``stop()``, settled from the generator's; each one ticks the heartbeat."""
     outer: list[Future[Generation]] = [Future() for _ in inner]
     with worker._lock:
@@ -233,7 +283,7 @@ def _track(worker: TrlEnvRolloutWorker, inner: list[Future[Generation]]) -> list
     return outer
 
 
-def _settled(worker: TrlEnvRolloutWorker, src: Future[Generation], *, dst: Future[Generation]) -> None:
+def _settled(worker: GroupWorker, src: Future[Generation], *, dst: Future[Generation]) -> None:
     worker._tick()
     with worker._lock:
         worker._pending.discard(dst)
@@ -244,7 +294,7 @@ def _settled(worker: TrlEnvRolloutWorker, src: Future[Generation], *, dst: Futur
 class _GroupGenerator(GeneratorBase):
     """The shared generator as one group sees it: notes the version live at each submit; stoppable."""
 
-    def __init__(self, worker: TrlEnvRolloutWorker) -> None:
+    def __init__(self, worker: GroupWorker) -> None:
         self.worker, self.inner = worker, worker.generator
         self.continuous = bool(self.inner.continuous)
         self.request_sampling = request_sampling_of(self.inner)  # requests pass through as they are
