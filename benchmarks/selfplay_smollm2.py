@@ -174,10 +174,12 @@ def train(url: str, args: argparse.Namespace, game: Any, seed: int, out: Path, w
 
     class StepLog(TrainerCallback):
         """Each logged step to stderr and to ``train_seed{N}.json`` as it comes (a cut run keeps its steps); no step
-        starts after ``--train-budget-s`` seconds of training (the steps done are the run)."""
+        starts after ``--train-budget-s`` seconds of training or once ``--stop-file`` exists (the steps done are the
+        run)."""
 
         def on_step_end(self, _args: Any, _state: Any, control: Any, **_: Any) -> None:
-            if args.train_budget_s and time.monotonic() - started > args.train_budget_s:
+            over = args.train_budget_s and time.monotonic() - started > args.train_budget_s
+            if over or (args.stop_file and Path(args.stop_file).exists()):
                 control.should_training_stop = True
 
         def on_log(self, _args: Any, state: Any, _control: Any, logs: dict | None = None, **_: Any) -> None:
@@ -311,6 +313,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--lr", type=float, default=5e-4, help="LoRA learning rate")
     parser.add_argument("--lora-rank", type=int, default=16)
     parser.add_argument("--train-budget-s", type=float, default=0, help="no training step starts after this (0: none)")
+    parser.add_argument("--stop-file", default=None, help="no training step starts once this file exists")
     parser.add_argument(
         "--gradient-checkpointing",
         action=argparse.BooleanOptionalAction,
