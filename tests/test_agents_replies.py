@@ -1,9 +1,12 @@
 """What an agent's call is answered (issue 33 items 1 and 4): its own ``max_tokens`` / ``max_completion_tokens``
 cap that turn's sampling, a turn cut there is answered ``finish_reason="length"`` with the sampled text and the
-episode goes on; a turn cut by the trainer's budgets ends the episode as before. Real ``openai`` SDK, real
-tokenizers; one test against the real vLLM CPU server."""
+episode goes on; a turn cut by the trainer's budgets ends the episode as before. The transcript records the reply the
+agent got (``DeployedHistory.reply``), not the processor's parse. Real ``openai`` SDK, real tokenizers; one test
+against the real vLLM CPU server."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 from agents_support import PromptReplyGenerator
@@ -13,6 +16,7 @@ from trl_env import VLLMServerGenerator
 from trl_env.agents import agent_env_factory
 from trl_env.processors import from_tokenizer
 from trl_env.rollout import Budgets, Ending, batch_rollout
+from trl_env.rollout.transcripts import write_transcripts
 from trl_env.testing.tokenizers import load_tokenizer
 
 
@@ -98,6 +102,44 @@ def test_a_turn_cut_by_the_trainers_budget_ends_the_episode_as_before(chatml):
     assert rollout.ending is Ending.LENGTH and generator.max_tokens == [4]
     assert seen == [("length", "")]  # the trainer's cut: no content, later calls refused (409)
     assert "agent_max_tokens_cut" not in rollout.info["env"]
+
+
+def test_the_transcript_records_the_reply_the_agent_got(chatml, tmp_path):
+    seen = []
+    script = lambda k, p: f"{k}<|endoftext|>tail {k}<|im_end|>"  # noqa: E731  # the parse ends at <|endoftext|>
+    generator = CapRecorder(chatml, script)
+    (rollout,) = batch_rollout(["s"], agent_env_factory(calling([{}, {}], seen)), from_tokenizer(chatml), chatml,
+                               generator, history="deployed")  # fmt: skip
+    assert rollout.ending is Ending.ENV_DONE, rollout.error
+    path = tmp_path / "t.jsonl"
+    write_transcripts(path, [rollout])
+    (record,) = [json.loads(line) for line in path.read_text().splitlines()]
+    answered = [content for _, content in seen]
+    assert answered == ["0<|endoftext|>tail 0", "1<|endoftext|>tail 1"]
+    assert [t["action"] for t in record["turns"]] == answered
+
+
+def test_the_transcript_records_the_reasoning_the_agent_got(tmp_path):
+    qwen3 = load_tokenizer("pypi:qwen3")
+    seen = []
+
+    def script(k, prompt):
+        return f"<think>\nStep {k}.\n</think>\n\nAnswer {k}<|im_end|>"
+
+    generator = PromptReplyGenerator(qwen3, script)
+
+    def program(run):
+        client = run.openai(max_retries=0)
+        messages = [{"role": "user", "content": "go"}]
+        message = client.chat.completions.create(model=run.model, messages=messages).choices[0].message
+        seen.append((message.content, message.model_extra["reasoning_content"]))
+        return 1.0
+
+    (rollout,) = batch_rollout(["s"], agent_env_factory(program), from_tokenizer(qwen3), qwen3, generator,
+                               history="deployed")  # fmt: skip
+    assert rollout.ending is Ending.ENV_DONE, rollout.error
+    (turn,) = rollout.turns
+    assert seen == [(turn.action, turn.reasoning)] == [("Answer 0", "Step 0.")]
 
 
 def test_the_real_vllm_server_is_asked_for_the_agents_max_tokens_and_the_row_holds_them(vllm_server):

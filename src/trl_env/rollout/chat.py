@@ -146,7 +146,11 @@ class SamplingEnvFactory(Protocol):
 
 
 class Reply(str):
-    """The action a chat env is stepped with: the parsed action's text, with the reply as a chat pipeline sends it."""
+    """The action a chat env is stepped with: the content it is answered, with the reply as a chat pipeline sends it.
+
+    Its text is ``message["content"]`` (``DeployedHistory.reply``: every sampled token less the one that ended the
+    turn), not the processor's parse, so an agent's transcript records what the agent was answered.
+    """
 
     message: Message
     """``DeployedHistory.reply``: ``content``, the reasoning in the template's field, ``tool_calls``."""

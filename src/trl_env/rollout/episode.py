@@ -199,10 +199,11 @@ class Calls:
         text = call("server_error", decode, sampled.token_ids, skip_special_tokens=False)
         parsed, status = call("processor_error", _parse, history.processor, text)
         assert isinstance(parsed, tuple), "family and tool processors return (reasoning, action)"
+        message, field_name = call("processor_error", history.reply, text), history.reasoning_field
         reply = Reply(
-            str(parsed[1]),
-            call("processor_error", history.reply, text),
-            reasoning_field=history.reasoning_field,
+            str(message.get("content") or ""),  # what the agent is answered (the one rule), not the parse
+            message,
+            reasoning_field=field_name,
             finish_reason=sampled.finish_reason.value,
             token_ids=sampled.token_ids,
             logprobs=sampled.logprobs,
@@ -222,8 +223,8 @@ class Calls:
         return Stepped(
             env=checked.env,
             text=text,
-            reasoning=str(parsed[0]),
-            action=str(parsed[1]),
+            reasoning=str(message.get(field_name) or "") if field_name else "",  # as answered: the transcript's
+            action=str(reply),
             parse_status=status,
             env_info=checked.info,
             delta=checked.delta,

@@ -57,9 +57,10 @@ class Turn:
     text: str
     """The decoded sampled ids, special tokens included."""
     reasoning: str
-    """What the processor parsed as reasoning."""
+    """What the processor parsed as reasoning (a chat env's turn, an agent's call: the reasoning it was answered)."""
     action: str | None
-    """The action given to ``env.step``; ``None`` when the turn was not parsed (cut by a length limit)."""
+    """The action given to ``env.step`` (a chat env's: the content it was answered, ``Reply``); ``None`` when the
+    turn was not parsed (cut by a length limit)."""
     delta: str | None
     """The env's observation after the step; ``None`` without a step."""
     reward: float | None
