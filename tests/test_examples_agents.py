@@ -15,15 +15,28 @@ def test_agent_tools_task_comes_from_the_seed():
 
     assert agent_tools.task("mul-3") == agent_tools.task("mul-3")
     assert agent_tools.multiply(*agent_tools.task("mul-3")) > 0
+    assert all(2 <= n <= 9 for i in range(50) for n in agent_tools.task(f"mul-{i}"))  # the times table
+
+
+def test_agent_tools_scores_the_last_number_of_the_final_reply():
+    import agent_tools
+
+    assert agent_tools.score("42", 6, 7) == agent_tools.score("6 * 7 = 42.", 6, 7) == 1.0
+    assert agent_tools.score("42 is wrong, it is 41", 6, 7) == agent_tools.score("forty-two", 6, 7) == 0.0
+    assert agent_tools.score("", 6, 7) == agent_tools.score("420", 6, 7) == 0.0
 
 
 def test_agent_tools_training_script_smoke(tmp_path):
     import agent_tools
 
-    summary = agent_tools.main(["--model", "tiny", "--steps", "2", "--out", str(tmp_path)])
+    argv = ["--model", "tiny", "--steps", "2", "--out", str(tmp_path), "--save", str(tmp_path / "m")]
+    summary = agent_tools.main(argv)
     assert summary["wall_s"] > 0
     rewards = json.loads((tmp_path / "rewards_seed0.json").read_text())["rewards"]
     assert len(rewards) == 2
+    from transformers import AutoTokenizer
+
+    assert "tools" in AutoTokenizer.from_pretrained(tmp_path / "m").chat_template  # saved for trl-env eval --model
 
 
 def test_agent_tools_evaluates_with_trl_env_eval(tmp_path):

@@ -8,9 +8,14 @@ makes, sends the results back and returns 1.0 when the final answer is right. tr
 The offline models (SmolLM2, the tiny test model) have a ChatML template without tools; their tokenizer gets TRL's
 Qwen 2.5 template, which writes the same ChatML tokens and adds the tool layout.
 
+The task is sized for SmolLM2-135M-Instruct: two numbers from 2 to 9, a system prompt with one worked tool call,
+and the reward reads the last number of the final reply (``score``). The untrained model never wrote a tool call in
+the samples we read (docs/agents.md, "Learning on SmolLM2"), so what it can learn on a CPU is the answer itself.
+
 Hardware: a CPU (2 cores). Run:
     python experiment/examples/agent_tools.py --model tiny --steps 2    # smoke run, about a minute
     python experiment/examples/agent_tools.py                          # SmolLM2-135M-Instruct, offline
+    python benchmarks/agent_tools_smollm2.py                           # SmolLM2 reward before and after training
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import argparse
 import json
 import os
 import random
+import re
 import sys
 import time
 from typing import Any
@@ -28,7 +34,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from trl_env.agents import AgentRun, agent_env_factory  # noqa: E402
 
 MAX_CALLS = 3
-SYSTEM_PROMPT = "Use the multiply tool, then reply with the number only."
+SYSTEM_PROMPT = (
+    'You are a calculator. To multiply, call the multiply tool, e.g. for "3 * 4?" reply <tool_call>\n'
+    '{"name": "multiply", "arguments": {"a": 3, "b": 4}}\n</tool_call> and after the tool answers 12, reply 12. '
+    "Reply with the number only."
+)
 
 
 def multiply(a: int, b: int) -> int:
@@ -43,7 +53,13 @@ def multiply(a: int, b: int) -> int:
 
 def task(seed: str) -> tuple[int, int]:
     rng = random.Random(seed)
-    return rng.randint(2, 20), rng.randint(2, 20)
+    return rng.randint(2, 9), rng.randint(2, 9)
+
+
+def score(reply: str, a: int, b: int) -> float:
+    """1.0 when the last number in the final reply is ``a * b`` ("42", "6 * 7 = 42."), else 0.0."""
+    numbers = re.findall(r"\d+", reply)
+    return float(bool(numbers) and numbers[-1] == str(a * b))
 
 
 def agent(run: AgentRun) -> float:
@@ -58,7 +74,7 @@ def agent(run: AgentRun) -> float:
         reply = client.chat.completions.create(model=run.model, messages=messages, tools=tools).choices[0]
         messages.append(reply.message.model_dump(exclude_none=True))
         if not reply.message.tool_calls:
-            return float((reply.message.content or "").strip() == str(a * b))
+            return score(reply.message.content or "", a, b)
         for call in reply.message.tool_calls:
             try:
                 result = str(multiply(**json.loads(call.function.arguments)))
@@ -101,6 +117,10 @@ def train_agent(
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=f"outputs/{name}")
+    parser.add_argument("--lr", type=float, default=None, help="default: 1e-3 for tiny, 3e-5 otherwise")
+    parser.add_argument("--batch", type=int, default=8, help="episodes per step (per_device_train_batch_size)")
+    parser.add_argument("--generations", type=int, default=4, help="episodes per prompt (a GRPO group)")
+    parser.add_argument("--save", default=None, help="save the trained model and tokenizer here (for trl-env eval)")
     args = parser.parse_args(argv)
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     model, tokenizer = load_model_and_tokenizer(args.model, AutoModelForCausalLM, AutoTokenizer)
@@ -111,12 +131,13 @@ def train_agent(
         from_tokenizer(tokenizer),
         history="deployed",
         max_turns=max_turns,
-        max_new_tokens=16 if args.model == "tiny" else 48,
+        max_new_tokens=16 if args.model == "tiny" else 40,
         env_timeout=120,
     )
     config = GRPOConfig(
-        output_dir=args.out, max_steps=args.steps, per_device_train_batch_size=8, num_generations=4,
-        max_completion_length=max_completion_length, learning_rate=1e-3 if args.model == "tiny" else 3e-5,
+        output_dir=args.out, max_steps=args.steps, per_device_train_batch_size=args.batch,
+        num_generations=args.generations, max_completion_length=max_completion_length,
+        learning_rate=args.lr if args.lr is not None else 1e-3 if args.model == "tiny" else 3e-5,
         temperature=1.0, beta=0.0,
         logging_steps=1, report_to=[], save_strategy="no", seed=args.seed, data_seed=args.seed, use_cpu=True,
     )  # fmt: skip
@@ -137,6 +158,8 @@ def train_agent(
     print(f"[{name}] reward per step: {[round(r, 3) for r in rewards]}; {summary}")
     with open(os.path.join(args.out, f"rewards_seed{args.seed}.json"), "w") as f:
         json.dump({"rewards": rewards, **summary}, f)
+    if args.save:
+        trainer.save_model(args.save)  # model and tokenizer, with the tool template set above
     return summary
 
 
