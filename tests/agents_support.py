@@ -58,3 +58,14 @@ def exiting_program(run):
         run.openai(max_retries=0).chat.completions.create(model=run.model, messages=[{"role": "user", "content": "x"}])
         os._exit(3)
     return one_call_program(run)
+
+
+def capped_program(run):
+    """A module-level agent (it pickles): asks for 3 tokens, then for as many as allowed; reward 1.0 when the first
+    reply was cut at its cap ("length") and the second stopped on its own."""
+    client = run.openai(max_retries=0)
+    messages = [{"role": "user", "content": f"task {run.task}"}]
+    first = client.chat.completions.create(model=run.model, messages=messages, max_tokens=3).choices[0]
+    messages += [first.message.model_dump(exclude_none=True), {"role": "user", "content": "more"}]
+    second = client.chat.completions.create(model=run.model, messages=messages).choices[0]
+    return float(first.finish_reason == "length" and second.finish_reason == "stop")

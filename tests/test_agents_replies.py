@@ -104,6 +104,19 @@ def test_a_turn_cut_by_the_trainers_budget_ends_the_episode_as_before(chatml):
     assert "agent_max_tokens_cut" not in rollout.info["env"]
 
 
+def test_the_cap_holds_for_programs_in_worker_processes(chatml):
+    from agents_support import capped_program
+
+    from trl_env.isolation import isolated
+
+    generator = CapRecorder(chatml, words)
+    (rollout,) = batch_rollout(["s"], isolated(agent_env_factory(capped_program), pool_size=1), from_tokenizer(chatml),
+                               chatml, generator, history="deployed", budgets=Budgets(max_new_tokens=40))  # fmt: skip
+    assert rollout.ending is Ending.ENV_DONE and rollout.reward == 1.0, rollout.error
+    assert generator.max_tokens == [3, 40]  # the cap travels with the call's ChatRequest, across the process boundary
+    assert rollout.info["env"]["agent_max_tokens_cut"] == 1
+
+
 def test_the_transcript_records_the_reply_the_agent_got(chatml, tmp_path):
     seen = []
     script = lambda k, p: f"{k}<|endoftext|>tail {k}<|im_end|>"  # noqa: E731  # the parse ends at <|endoftext|>

@@ -52,9 +52,6 @@ class AgentEnv:
         self.reward, self.alive = 0.0, True
         self.turn_sampling: Mapping[str, float] = {}
         """The waiting call's own settings, read by the engine (a ``SamplingEnv``); empty: the trainer's."""
-        self.turn_max_tokens: int | None = None
-        """The waiting call's own cap (``max_tokens`` / ``max_completion_tokens``), read by the engine (a
-        ``CappedEnv``): a turn cut there is answered ``length`` with its text and the episode goes on."""
         self.info: dict[str, Any] = {"agent_calls": 0, "agent_sampling": {"mode": sampling, "calls": []}}
         self._session: Session | None = None
         self._pending: Pending | None = None
@@ -149,7 +146,7 @@ class AgentEnv:
             self._pending = pending
             self.info["agent_calls"] += 1
             self._record_sampling(pending.call)
-            return self, ChatRequest(pending.call.messages, pending.call.tools)
+            return self, ChatRequest(pending.call.messages, pending.call.tools, pending.call.max_tokens)
         self.alive = False
         outcome = self._session.outcome
         self._close("the program returned")
@@ -171,13 +168,12 @@ class AgentEnv:
         return self, ""
 
     def _record_sampling(self, call: ChatCall) -> None:
-        """Set the call's own cap and settings (``sampling="agent"``); record what it asked for and what is used."""
+        """Set the call's own settings (``sampling="agent"``); record what it asked for and what is used."""
         asked, honoured = call.sampling, AGENT_SAMPLING if self.sampling == "agent" else frozenset()
         self.turn_sampling = {k: float(v) for k, v in asked.items() if k in honoured}
-        self.turn_max_tokens = call.max_tokens
         used: dict[str, float | int] = dict(self.turn_sampling)
         if call.max_tokens is not None:
-            used["max_tokens"] = call.max_tokens  # further capped by the trainer's budgets
+            used["max_tokens"] = call.max_tokens  # the ChatRequest's cap (turn_request), and the trainer's budgets
         self.info["agent_sampling"]["calls"].append({"asked": dict(asked), "used": used})
         for name in asked.keys() - honoured - CAPS:
             overridden = self.info.setdefault("agent_overridden", {})

@@ -13,15 +13,18 @@ import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 from trl_env.backends.base import FinishReason, Generation, GenerationRequest, Generator, check_request_sampling
 from trl_env.calling.processor import ToolProcessor
 from trl_env.processors.derived import from_tokenizer
 from trl_env.rollout.history import DeployedHistory, Message
 
+if TYPE_CHECKING:
+    from trl_env.rollout.episode_state import Episode
+    from trl_env.rollout.records import Budgets
+
 __all__ = [
-    "CappedEnv",
     "ChatHistories",
     "ChatRequest",
     "Reply",
@@ -45,16 +48,20 @@ class ChatRequest(str):
 
     messages: tuple[Message, ...]
     tools: tuple[Mapping[str, Any], ...]
+    max_tokens: int | None
+    """The request's own cap on the turn (an agent call's ``max_tokens``); ``None``: the budgets' (``turn_request``)."""
 
-    def __new__(cls, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] = ()) -> ChatRequest:
+    def __new__(
+        cls, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] = (), max_tokens: int | None = None
+    ) -> ChatRequest:
         """``messages`` in the OpenAI chat format, ``tools`` as function schemas (``{"type": "function", ...}``)."""
         last = messages[-1].get("content") if messages else ""
         self = super().__new__(cls, last if isinstance(last, str) else json.dumps(last, ensure_ascii=False))
-        self.messages, self.tools = tuple(messages), tuple(tools)
+        self.messages, self.tools, self.max_tokens = tuple(messages), tuple(tools), max_tokens
         return self
 
-    def __reduce__(self) -> tuple[Any, ...]:  # keeps the messages across a process boundary
-        return (ChatRequest, (self.messages, self.tools))
+    def __reduce__(self) -> tuple[Any, ...]:  # keeps the messages and the cap across a process boundary
+        return (ChatRequest, (self.messages, self.tools, self.max_tokens))
 
 
 @runtime_checkable
@@ -71,63 +78,46 @@ class SamplingEnv(Protocol):
     """The next turn's own settings (``temperature``, ``top_p``); empty: the generator's."""
 
 
-@runtime_checkable
-class CappedEnv(Protocol):
-    """An env whose next turn asks for a token cap of its own (an agent call's ``max_tokens``: ``AgentEnv``).
-
-    Checked once per env class, read before each turn as ``turn_sampling`` is. The turn's ``max_tokens`` is the
-    smaller of the cap and what the engine's budgets allow. A turn cut *below* the budgets, at the env's own cap, is
-    the env's to answer: it is stepped with the cut turn (``finish_reason`` ``length``) and the episode goes on. A turn
-    cut by the budgets (the cap absent, or not below them) ends the episode as ever (``cut_at_own_cap``).
-    """
-
-    turn_max_tokens: int | None
-    """The next turn's own cap; ``None``: the budgets'."""
+_SAMPLING_ENVS: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
+"""Env class -> whether it is a ``SamplingEnv`` (a runtime-protocol ``isinstance`` costs ~27 us: once per class)."""
 
 
-_KINDS: weakref.WeakKeyDictionary[type, tuple[bool, bool]] = weakref.WeakKeyDictionary()
-"""Env class -> whether it is a ``SamplingEnv``, a ``CappedEnv`` (a runtime-protocol ``isinstance`` costs ~27 us:
-once per class)."""
+def turn_request(ep: Episode, budgets: Budgets, stops: tuple[int, ...], generator: Generator) -> GenerationRequest:
+    """An episode's next turn: its ids so far, and the env's own sampling if it asks for any.
 
-
-def _kinds(env: object) -> tuple[bool, bool]:
-    kind = type(env)
-    found = _KINDS.get(kind)
-    if found is None:
-        found = _KINDS[kind] = (isinstance(env, SamplingEnv), isinstance(env, CappedEnv))
-    return found
-
-
-def _own_cap(env: object) -> int | None:
-    return cast(CappedEnv, env).turn_max_tokens if _kinds(env)[1] else None
-
-
-def turn_request(
-    env: object, ids: list[int], room: int, stops: tuple[int, ...], generator: Generator
-) -> GenerationRequest:
-    """An episode's next turn (``ids`` so far, ``room`` tokens), with the env's own sampling and cap if it asks.
+    Its ``max_tokens`` is what the budgets allow (``Episode.room``), or a chat request's own cap where that is smaller
+    (``ChatRequest.max_tokens``: an agent call's ``max_tokens`` / ``max_completion_tokens``).
 
     Raises:
         ConfigError: for settings ``generator`` cannot honour (``check_request_sampling``): never silently dropped.
     """
-    cap = _own_cap(env)
+    ids, room, cap = ep.prompt_ids + ep.completion_ids, ep.room(budgets), _own_cap(ep)
     max_tokens = room if cap is None else min(room, cap)
-    own = cast(SamplingEnv, env).turn_sampling if _kinds(env)[0] else None
+    kind = type(ep.env)
+    if kind not in _SAMPLING_ENVS:
+        _SAMPLING_ENVS[kind] = isinstance(ep.env, SamplingEnv)
+    own = cast(SamplingEnv, ep.env).turn_sampling if _SAMPLING_ENVS[kind] else None
     if not own:
         return GenerationRequest(ids, max_tokens, stops)
-    check_request_sampling(generator, own, why=f"{type(env).__name__}.turn_sampling")
+    check_request_sampling(generator, own, why=f"{kind.__name__}.turn_sampling")
     return GenerationRequest(ids, max_tokens, stops, dict(own))
 
 
-def cut_at_own_cap(env: object, sampled: Generation, room: int) -> bool:
-    """Whether a turn was cut at its env's own cap (``CappedEnv``), below the budgets' ``room``: the env answers it.
+def _own_cap(ep: Episode) -> int | None:
+    return None if ep.messages is None else ep.messages.max_tokens
 
-    Any other ``length`` turn was cut by the trainer's budgets (or the server's context) and ends its episode, unless
+
+def cut_at_own_cap(ep: Episode, sampled: Generation, room: int) -> bool:
+    """Whether a turn was cut at its chat request's own cap, below the budgets' ``room``: the env answers it.
+
+    It is stepped with the cut turn (a ``Reply`` with ``finish_reason`` ``length``) and the episode goes on, as an
+    OpenAI server answers a call that asked for fewer tokens. Any other ``length`` turn (the cap absent, or not below
+    the budgets) was cut by the trainer's budgets or the server's context and ends its episode, unless
     ``parse_truncated_turns``.
     """
     if sampled.finish_reason is not FinishReason.LENGTH:
         return False
-    cap = _own_cap(env)
+    cap = _own_cap(ep)
     return cap is not None and len(sampled.token_ids) == cap < room
 
 

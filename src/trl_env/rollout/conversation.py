@@ -47,6 +47,8 @@ class Conversation:
     """The tools the conversation is rendered with when it is a chat request's (``chat``); else unused."""
     chat: bool = False
     """The messages are a chat request's, as an agent sent them (``rollout/chat.py``), not built turn by turn."""
+    max_tokens: int | None = None
+    """A chat request's own cap on the next turn (``ChatRequest.max_tokens``); ``None``: the budgets'."""
 
     @property
     def reused(self) -> int:

@@ -222,10 +222,7 @@ class _Engine:
         now = time.perf_counter()
         for ep in ready:
             ep.submitted_at = now
-        requests = [
-            turn_request(ep.env, ep.prompt_ids + ep.completion_ids, ep.room(self.budgets), self.stops, self.generator)
-            for ep in ready
-        ]
+        requests = [turn_request(ep, self.budgets, self.stops, self.generator) for ep in ready]
         try:
             futures = self.generator.submit(requests)
             if len(futures) != len(ready):
@@ -363,7 +360,7 @@ class _Engine:
             self._fail(ep, EpisodeFailure("server_error", e))
             return False
         ep.append_model(generation)
-        own = cut_at_own_cap(ep.env, generation, max_tokens)  # cut at the env's own cap: the env answers it
+        own = cut_at_own_cap(ep, generation, max_tokens)  # cut at its chat request's own cap: the env answers it
         if generation.finish_reason is FinishReason.LENGTH and not (self.parse_truncated_turns or own):
             ep.append_env(None, [])
             self._end(ep, Ending.LENGTH)

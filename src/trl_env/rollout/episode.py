@@ -187,7 +187,7 @@ class Calls:
             old = previous.messages
             previous = previous if previous.tools == request.tools and messages[: len(old)] == old else None
         conversation = history.extend(previous, messages)
-        return dataclasses.replace(conversation, tools=request.tools, chat=True)
+        return dataclasses.replace(conversation, tools=request.tools, chat=True, max_tokens=request.max_tokens)
 
     def _step_chat(
         self, index: int, env: Env, sampled: Generation, turn: int, messages: Conversation, started: float
