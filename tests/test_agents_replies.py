@@ -93,6 +93,32 @@ def test_an_agents_own_max_tokens_caps_its_turn_which_is_answered_length_and_the
     assert not {"max_tokens", "max_completion_tokens"} & info.get("agent_overridden", {}).keys()
 
 
+def test_a_streamed_async_call_cut_at_its_cap_gets_length_chunks_and_usage(chatml):
+    seen = []
+
+    async def program(run):
+        client = run.async_openai(max_retries=0)
+        messages = [{"role": "user", "content": "go"}]
+        for cap in (2, None):
+            stream = await client.chat.completions.create(model=run.model, messages=messages, stream=True,
+                                                          stream_options={"include_usage": True},
+                                                          max_completion_tokens=cap)  # fmt: skip
+            chunks = [chunk async for chunk in stream]
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+            seen.append((reasons, text, chunks[-1].usage.completion_tokens))
+            messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "more"}]
+        return 1.0
+
+    generator = CapRecorder(chatml, words)
+    (rollout,) = batch_rollout(["s"], agent_env_factory(program), from_tokenizer(chatml), chatml, generator,
+                               history="deployed")  # fmt: skip
+    assert rollout.ending is Ending.ENV_DONE and rollout.reward == 1.0, rollout.error
+    first = chatml.encode(words(0, ""), add_special_tokens=False)[:2]
+    assert seen[0] == (["length"], chatml.decode(first), 2)
+    assert seen[1][0] == ["stop"] and generator.max_tokens == [2, 256]  # the second: the default budget's
+
+
 def test_a_turn_cut_by_the_trainers_budget_ends_the_episode_as_before(chatml):
     seen = []
     caps = [{"max_tokens": 50}, {}]
