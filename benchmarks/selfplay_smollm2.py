@@ -164,7 +164,8 @@ def train(url: str, args: argparse.Namespace, game: Any, seed: int, out: Path, w
     )
     config = GRPOConfig(
         output_dir=str(workdir / f"trainer_seed{seed}"), max_steps=args.steps,
-        per_device_train_batch_size=args.batch, num_generations=4, max_completion_length=1024,
+        per_device_train_batch_size=args.micro_batch, gradient_accumulation_steps=args.batch // args.micro_batch,
+        num_generations=4, max_completion_length=1024,
         gradient_checkpointing=args.gradient_checkpointing,
         learning_rate=args.lr, temperature=1.0, beta=0.0, logging_steps=1, report_to=[], save_strategy="no",
         seed=seed, data_seed=seed, use_cpu=True, bf16=False,
@@ -313,6 +314,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--lr", type=float, default=5e-4, help="LoRA learning rate")
     parser.add_argument("--lora-rank", type=int, default=16)
     parser.add_argument("--train-budget-s", type=float, default=0, help="no training step starts after this (0: none)")
+    parser.add_argument(
+        "--micro-batch",
+        type=int,
+        default=2,
+        help="rows per forward/backward (--batch rows a step, accumulated; memory grows with it)",
+    )
     parser.add_argument("--stop-file", default=None, help="no training step starts once this file exists")
     parser.add_argument(
         "--gradient-checkpointing",
@@ -334,6 +341,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--base-url", default=None, help="a running server of --model with LoRA (rank >= --lora-rank)")
     parser.add_argument("--quick", action="store_true", help="tiny model, 1 seed, 1 step, 4 games a seat")
     args = parser.parse_args(argv)
+    if args.batch % args.micro_batch or args.batch % 4:
+        parser.error(f"--batch {args.batch}: a multiple of 4 (a group) and of --micro-batch {args.micro_batch}")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped run stops its servers too (the finally's)
     if args.quick:
         args.model, args.seeds, args.steps, args.games, args.batch = "tiny", "0", 1, 4, 8
