@@ -207,6 +207,14 @@ class AgentEnvFactory:
     settle_s: float = 30.0
     sampling: SamplingMode = "trainer"
 
+    def __post_init__(self) -> None:
+        # the openai SDK and the gateway's stack, imported here: where the factory is unpickled too, so the zygote of
+        # env_executor="process" / isolated(...) imports them once and every worker it forks has them (~1 s of CPU
+        # per worker otherwise)
+        from trl_env.agents.gateway import _require
+
+        _require()
+
     @property
     def request_sampling(self) -> frozenset[str]:
         """The per-request settings its episodes send (a ``SamplingEnvFactory``): checked against the generator."""
@@ -257,10 +265,6 @@ def agent_env_factory(program: AgentProgram, *, gateway: Gateway | None = None, 
             f"sampling={sampling!r}: use 'trainer' (the trainer's settings for every call, on-policy) or 'agent' "
             "(each call's own temperature and top_p, off-policy)."
         )
-    from trl_env.agents.gateway import _require
-
-    _require()
-
     # it pickles (with a module-level program and the default gateway), so ``env_executor="process"`` /
     # ``isolated(...)`` can run each program in a worker process of its own (``sampling="trainer"`` only)
     return AgentEnvFactory(program, gateway=gateway, verify=verify, settle_s=settle_s, sampling=sampling)
