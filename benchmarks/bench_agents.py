@@ -11,9 +11,11 @@ One real vLLM CPU server (the tiny model; ``--url`` reuses a running one). Both 
   per episode over loopback HTTP (what ``run.openai()`` gave before agents/local.py, and what a program in another
   process gets): the SDK's httpx client with its own SSL context and connection pool, uvicorn and Starlette;
 * ``agent-proc``: the ``agent`` program with each episode's env and program in a worker process of its own
-  (``isolated(agent_env_factory(...), pool_size=env_workers)``, what ``env_executor="process"`` builds): the SDK's
-  work leaves the trainer's interpreter (its GIL); the program calls the gateway of its worker's process in-process,
-  and the engine hands each call and reply across the process boundary (pickled ``ChatRequest`` / ``Reply``).
+  (``isolated(agent_env_factory(...), pool_size=...)``, as ``env_executor="process"`` builds, which keeps
+  ``env_workers`` idle workers; here ``--proc-pool``, default the largest N, so that after the warm-up every episode
+  gets a reused worker, as every training step after the first would): the SDK's work leaves the trainer's
+  interpreter (its GIL); the program calls its worker's own gateway in-process, and the engine hands each call and
+  reply across the process boundary (pickled ``ChatRequest`` / ``Reply``).
 
 Every turn samples exactly ``--tokens`` tokens (``ignore_eos``; cut turns go on: ``parse_truncated_turns=True``), so
 both paths ask the server for the same work. Repetitions are interleaved in shuffled order after a warm-up.
@@ -59,7 +61,8 @@ import _common as C
 import requests
 
 from trl_env import Budgets, Ending, VLLMServerGenerator, batch_rollout
-from trl_env.agents import AgentEnv, agent_env_factory
+from trl_env.agents import AgentEnv
+from trl_env.agents.env import AgentEnvFactory
 from trl_env.agents.run import AgentRun
 from trl_env.isolation import isolated
 
@@ -132,6 +135,17 @@ class TimedAgentEnv(AgentEnv):
         if calls is not None:
             self.info["calls"] = calls
             self.info["cpu"] = time.process_time() - self.info["cpu"]  # a worker process's: its one episode's
+
+
+class TimedFactory(AgentEnvFactory):
+    """``agent_env_factory``'s factory building ``TimedAgentEnv``s; it pickles as itself (agent-proc's workers)."""
+
+    def __call__(self) -> AgentEnv:
+        return TimedAgentEnv(self.program, gateway=self.gateway, verify=self.verify, settle_s=self.settle_s,
+                             sampling=self.sampling)  # fmt: skip
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (TimedFactory, (self.program, self.gateway, self.verify, self.settle_s, self.sampling))
 
 
 class InstantGenerator:
@@ -276,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=16, help="sampled tokens per turn (exactly)")
     parser.add_argument("--env-workers", type=int, default=16, help="batch_rollout's env_workers (its default: 16)")
+    parser.add_argument("--proc-pool", type=int, default=None,
+                        help="agent-proc: idle worker processes kept between runs (default: the largest N)")  # fmt: skip
     parser.add_argument("--coalesce-s", default="auto", help="batch_rollout's coalesce_s: 'auto' or seconds")
     parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS), help="which paths (env first)")
     parser.add_argument("--scripted", action="store_true", help="no server: an instant generator (CPU per call)")
@@ -325,12 +341,11 @@ def main(argv: list[str] | None = None) -> int:
             extra = {"ignore_eos": True, "stop_token_ids": []}  # every turn exactly --tokens long
             gen = VLLMServerGenerator(base_url, model=model_dir, temperature=1.0, extra_body=extra, post=counter)
         budgets = Budgets(max_turns=args.turns, max_new_tokens=args.tokens, max_completion_tokens=4096)
-        agent_env_factory(agent_program)  # its checks (the agents extra)
         program = functools.partial(agent_program, turns=args.turns)
-        factories = {"env": C.EnvFactory(args.turns), "agent": functools.partial(TimedAgentEnv, program),
-                     "agent-http": functools.partial(TimedAgentEnv, functools.partial(program, http=True))}  # fmt: skip
-        if "agent-proc" in PATHS:  # as make_rollout_func(..., env_executor="process") wraps an env factory
-            factories["agent-proc"] = isolated(functools.partial(TimedAgentEnv, program), pool_size=args.env_workers)
+        factories = {"env": C.EnvFactory(args.turns), "agent": TimedFactory(program),
+                     "agent-http": TimedFactory(functools.partial(program, http=True))}  # fmt: skip
+        if "agent-proc" in PATHS:  # as make_rollout_func(..., env_executor="process") wraps it, with a larger pool
+            factories["agent-proc"] = isolated(TimedFactory(program), pool_size=args.proc_pool or max(sizes))
 
         def run(path: str, n: int) -> dict[str, Any]:
             seeds = [f"{n}-{i}" for i in range(n)]
