@@ -279,7 +279,7 @@ def _track(worker: GroupWorker, inner: list[Future[Generation]]) -> list[Future[
         src.add_done_callback(functools.partial(_settled, worker, dst=dst))
     if worker._stopping.is_set():  # stop() ran while these were being submitted
         for dst in outer:
-            _settle(dst, error=ServerError("the rollout worker stopped"))
+            settle_future(dst, error=ServerError("the rollout worker stopped"))
     return outer
 
 
@@ -288,7 +288,7 @@ def _settled(worker: GroupWorker, src: Future[Generation], *, dst: Future[Genera
     with worker._lock:
         worker._pending.discard(dst)
     error = src.exception() if not src.cancelled() else ServerError("the generation was cancelled")
-    _settle(dst, result=None if error else src.result(), error=error)
+    settle_future(dst, result=None if error else src.result(), error=error)
 
 
 class _GroupGenerator(GeneratorBase):
@@ -315,9 +315,10 @@ class _GroupGenerator(GeneratorBase):
         return _track(self.worker, list(self.inner.submit(requests)))
 
 
-def _settle(
+def settle_future(
     future: Future[Generation], *, result: Generation | None = None, error: BaseException | None = None
 ) -> None:
+    """Fail ``future`` with ``error``, else give it ``result``; one settled already (``stop()`` raced) stays so."""
     try:
         if error is not None:
             future.set_exception(error)

@@ -23,7 +23,7 @@ from trl_env.credit import CreditEstimator
 from trl_env.env import Env
 from trl_env.errors import ServerError
 from trl_env.integrations.async_grpo.buffer import _RolloutBuffer
-from trl_env.integrations.async_grpo.groups import _settle, push_group, run_group, score_group
+from trl_env.integrations.async_grpo.groups import push_group, run_group, score_group, settle_future
 from trl_env.integrations.async_grpo.samples import GroupRecord, ScaleRewards, Unscored, _rollout_sample
 from trl_env.integrations.async_grpo.worker_options import (
     LORA_NAME,
@@ -276,7 +276,7 @@ class TrlEnvRolloutWorker:
         with self._lock:
             pending, self._pending = list(self._pending), set()
         for future in pending:
-            _settle(future, error=ServerError("the rollout worker stopped"))
+            settle_future(future, error=ServerError("the rollout worker stopped"))
         deadline = time.monotonic() + self.stop_timeout
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
