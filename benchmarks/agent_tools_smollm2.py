@@ -4,7 +4,7 @@ Everything on the CPU, in process (transformers generation), as the example runs
 
 1. ``before``: SmolLM2 with TRL's Qwen 2.5 template (the example's) is saved to ``--workdir``/base, and
    ``trl-env eval --env experiment/examples/agent_tools.py:env --history deployed`` plays ``--episodes`` held-out
-   episodes (seeds ``eval-{i}``; training draws ``mul-{i}``) at the training temperature (1.0).
+   episodes (seeds ``eval-{i}``; training draws ``mul-{i}``) at the training temperature (``--temperature``).
 2. ``train``: ``python experiment/examples/agent_tools.py --steps S --lr LR --save WORKDIR/trained``: GRPO through
    the gateway, every step's mean reward logged (``train/rewards_seed0.json``).
 3. ``after``: the same ``trl-env eval`` command on the trained model.
@@ -53,7 +53,8 @@ def heavy(what: str, record: dict[str, Any]) -> Iterator[None]:
     """Hold the shared heavy-job lock around one phase; record its wall and the load averages around it."""
     with open(LOCK, "a") as f:
         t0 = time.monotonic()
-        fcntl.flock(f, fcntl.LOCK_EX)
+        if os.environ.get("AGENT_TOOLS_LOCK_HELD") != "1":  # else the caller holds it (flock ... this script)
+            fcntl.flock(f, fcntl.LOCK_EX)
         log(f"{what}: lock held after {time.monotonic() - t0:.0f} s wait, load {load()}")
         record.update(load_before=load(), started=time.strftime("%H:%M:%S UTC", time.gmtime()))
         t1 = time.monotonic()
@@ -91,12 +92,13 @@ def save_base(workdir: Path) -> Path:
 def eval_command(model: Path, out: Path, args: argparse.Namespace) -> list[str]:
     return ["trl-env", "eval", "--env", f"{EXAMPLE}:env", "--history", "deployed", "--processor", "auto",
             "--model", str(model), "--n", str(args.episodes), "--seed-format", "eval-{i}", "--max-turns", "4",
-            "--max-new-tokens", "40", "--temperature", "1.0", "--out", str(out)]  # fmt: skip
+            "--max-new-tokens", "40", "--temperature", str(args.temperature), "--out", str(out)]  # fmt: skip
 
 
 def train_command(args: argparse.Namespace) -> list[str]:
     return [sys.executable, EXAMPLE, "--steps", str(args.steps), "--lr", str(args.lr), "--batch", str(args.batch),
-            "--generations", str(args.generations), "--out", str(args.workdir / "train"),
+            "--generations", str(args.generations), "--temperature", str(args.temperature),
+            "--budget-s", str(args.budget_s), "--out", str(args.workdir / "train"),
             "--save", str(args.workdir / "trained")]  # fmt: skip
 
 
@@ -163,6 +165,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lr", type=float, default=3e-5)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--generations", type=int, default=4)
+    parser.add_argument("--budget-s", type=float, default=900, help="training stops after the step past this")
+    parser.add_argument("--temperature", type=float, default=1.0, help="of training and both evals alike")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/agent_tools_smollm2"))
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "agent_tools_smollm2")
     args = parser.parse_args(argv)

@@ -68,7 +68,10 @@ def agent(run: AgentRun) -> float:
 
     a, b = task(run.seed)
     client = run.openai(max_retries=0)
-    messages: list[Any] = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": f"{a} * {b}?"}]
+    messages: list[Any] = [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": f"What is {a} * {b}?"},
+    ]
     tools = [get_json_schema(multiply)]
     for _ in range(MAX_CALLS):
         reply = client.chat.completions.create(model=run.model, messages=messages, tools=tools).choices[0]
@@ -104,7 +107,7 @@ def train_agent(
     import torch
     from datasets import Dataset
     from models import load_model_and_tokenizer  # experiment/models.py: offline SmolLM2, tiny model, any path
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig
 
     from trl_env import env_reward, make_rollout_func
@@ -120,6 +123,8 @@ def train_agent(
     parser.add_argument("--lr", type=float, default=None, help="default: 1e-3 for tiny, 3e-5 otherwise")
     parser.add_argument("--batch", type=int, default=8, help="episodes per step (per_device_train_batch_size)")
     parser.add_argument("--generations", type=int, default=4, help="episodes per prompt (a GRPO group)")
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of every call")
+    parser.add_argument("--budget-s", type=float, default=None, help="stop after the step that passes this wall")
     parser.add_argument("--save", default=None, help="save the trained model and tokenizer here (for trl-env eval)")
     args = parser.parse_args(argv)
     torch.set_num_threads(max(1, os.cpu_count() or 1))
@@ -138,9 +143,16 @@ def train_agent(
         output_dir=args.out, max_steps=args.steps, per_device_train_batch_size=args.batch,
         num_generations=args.generations, max_completion_length=max_completion_length,
         learning_rate=args.lr if args.lr is not None else 1e-3 if args.model == "tiny" else 3e-5,
-        temperature=1.0, beta=0.0,
+        temperature=args.temperature, beta=0.0,
         logging_steps=1, report_to=[], save_strategy="no", seed=args.seed, data_seed=args.seed, use_cpu=True,
     )  # fmt: skip
+    started = time.perf_counter()
+
+    class Budget(TrainerCallback):  # type: ignore[misc]  # transformers is untyped here
+        def on_step_end(self, _args: Any, state: Any, control: Any, **_: Any) -> None:
+            if args.budget_s is not None and time.perf_counter() - started > args.budget_s:
+                control.should_training_stop = True
+
     trainer = EpisodeGRPOTrainer(
         model=model,
         reward_funcs=env_reward,
@@ -148,8 +160,8 @@ def train_agent(
         train_dataset=Dataset.from_dict({"prompt": [f"mul-{i}" for i in range(1000)]}),
         processing_class=tokenizer,
         rollout_func=func,
+        callbacks=[Budget()],
     )
-    started = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - started
     rewards = [h["reward"] for h in trainer.state.log_history if h.get("reward") is not None]
