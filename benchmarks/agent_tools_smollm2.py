@@ -95,10 +95,20 @@ def eval_command(model: Path, out: Path, args: argparse.Namespace) -> list[str]:
             "--max-new-tokens", "40", "--temperature", str(args.temperature), "--out", str(out)]  # fmt: skip
 
 
-def train_command(args: argparse.Namespace) -> list[str]:
+def train_budget(args: argparse.Namespace) -> float:
+    """``--budget-s``, cut to end training by ``--train-until`` (HH:MM UTC, today) when that comes first."""
+    if not args.train_until:
+        return float(args.budget_s)
+    hour, minute = map(int, args.train_until.split(":"))
+    now = time.gmtime()
+    left = (hour * 60 + minute) * 60 - (now.tm_hour * 3600 + now.tm_min * 60 + now.tm_sec)
+    return float(min(args.budget_s, left))
+
+
+def train_command(args: argparse.Namespace, budget_s: float) -> list[str]:
     return [sys.executable, EXAMPLE, "--steps", str(args.steps), "--lr", str(args.lr), "--batch", str(args.batch),
             "--generations", str(args.generations), "--temperature", str(args.temperature),
-            "--budget-s", str(args.budget_s), "--out", str(args.workdir / "train"),
+            "--budget-s", str(round(budget_s)), "--out", str(args.workdir / "train"),
             "--save", str(args.workdir / "trained")]  # fmt: skip
 
 
@@ -166,6 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--generations", type=int, default=4)
     parser.add_argument("--budget-s", type=float, default=900, help="training stops after the step past this")
+    parser.add_argument("--train-until", default=None, help="HH:MM UTC: training stops after the step past it")
     parser.add_argument("--temperature", type=float, default=1.0, help="of training and both evals alike")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/agent_tools_smollm2"))
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "agent_tools_smollm2")
@@ -179,8 +190,8 @@ def main(argv: list[str] | None = None) -> None:
     for phase in args.phases.split(","):
         record: dict[str, Any] = {}
         if phase == "train":
-            cmd = train_command(args)
             with heavy(phase, record):
+                cmd = train_command(args, train_budget(args))
                 run(cmd, args.out / "train.log")
             (args.out / "train").mkdir(exist_ok=True)
             reward_log = args.workdir / "train" / "rewards_seed0.json"
