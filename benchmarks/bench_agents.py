@@ -12,10 +12,11 @@ One real vLLM CPU server (the tiny model; ``--url`` reuses a running one). Both 
   process gets): the SDK's httpx client with its own SSL context and connection pool, uvicorn and Starlette;
 * ``agent-proc``: the ``agent`` program with each episode's env and program in a worker process of its own
   (``isolated(agent_env_factory(...), pool_size=...)``, as ``env_executor="process"`` builds, which keeps
-  ``env_workers`` idle workers; here ``--proc-pool``, default the largest N, so that after the warm-up every episode
-  gets a reused worker, as every training step after the first would): the SDK's work leaves the trainer's
-  interpreter (its GIL); the program calls its worker's own gateway in-process, and the engine hands each call and
-  reply across the process boundary (pickled ``ChatRequest`` / ``Reply``).
+  ``env_workers`` idle workers; here ``--proc-pool``, default 64, so that after the warm-up every episode gets a
+  reused worker, as every training step after the first would; run only at N <= ``--proc-pool``: each idle worker
+  holds ~30 MB of its own): the SDK's work leaves the trainer's interpreter (its GIL); the program calls its
+  worker's own gateway in-process, and the engine hands each call and reply across the process boundary (pickled
+  ``ChatRequest`` / ``Reply``).
 
 Every turn samples exactly ``--tokens`` tokens (``ignore_eos``; cut turns go on: ``parse_truncated_turns=True``), so
 both paths ask the server for the same work. Repetitions are interleaved in shuffled order after a warm-up.
@@ -290,8 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=16, help="sampled tokens per turn (exactly)")
     parser.add_argument("--env-workers", type=int, default=16, help="batch_rollout's env_workers (its default: 16)")
-    parser.add_argument("--proc-pool", type=int, default=None,
-                        help="agent-proc: idle worker processes kept between runs (default: the largest N)")  # fmt: skip
+    parser.add_argument("--proc-pool", type=int, default=64,
+                        help="agent-proc: idle worker processes kept between runs (~30 MB each); run at N <= it")  # fmt: skip
     parser.add_argument("--coalesce-s", default="auto", help="batch_rollout's coalesce_s: 'auto' or seconds")
     parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS), help="which paths (env first)")
     parser.add_argument("--scripted", action="store_true", help="no server: an instant generator (CPU per call)")
@@ -345,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         factories = {"env": C.EnvFactory(args.turns), "agent": TimedFactory(program),
                      "agent-http": TimedFactory(functools.partial(program, http=True))}  # fmt: skip
         if "agent-proc" in PATHS:  # as make_rollout_func(..., env_executor="process") wraps it, with a larger pool
-            factories["agent-proc"] = isolated(TimedFactory(program), pool_size=args.proc_pool or max(sizes))
+            factories["agent-proc"] = isolated(TimedFactory(program), pool_size=args.proc_pool)
 
         def run(path: str, n: int) -> dict[str, Any]:
             seeds = [f"{n}-{i}" for i in range(n)]
@@ -364,12 +365,12 @@ def main(argv: list[str] | None = None) -> int:
                 result["added"], result["client"], result["engine"] = added_latency(rollouts)
             return result
 
+        measured = [(path, n) for n in sizes for path in PATHS if path != "agent-proc" or n <= args.proc_pool]
         t_start = time.perf_counter()
-        for n in sizes:  # warm-up: each path once per size
-            for path in PATHS:
-                run(path, n)
+        for path, n in measured:  # warm-up: each path once per size
+            run(path, n)
         print(f"[warm-up] {time.perf_counter() - t_start:.0f} s", file=sys.stderr)
-        order = [(path, n) for n in sizes for path in PATHS for _ in range(reps)]
+        order = [key for key in measured for _ in range(reps)]
         random.Random(args.seed).shuffle(order)
         results: dict[tuple[str, int], list[dict[str, Any]]] = {key: [] for key in order}
         for i, (path, n) in enumerate(order):
@@ -390,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         latency_ms={f"{path} {n}" if path != "agent" else str(n): {
             q: percentile([x for r in results[(path, n)] for x in r[key]], p) * 1e3
             for key in ("added", "client", "engine") for q, p in ((f"{key} p50", 50), (f"{key} p99", 99))}
-            for n in sizes for path in PATHS[1:]},
+            for n in sizes for path in PATHS[1:] if (path, n) in results},
     ))  # fmt: skip
     return 0
 
@@ -417,7 +418,7 @@ def report(results: dict, sizes: list[int], reps: int, args: argparse.Namespace,
     ]
     for n in sizes:
         env_wall = statistics.median(r["wall"] for r in results[("env", n)])
-        for path in PATHS:
+        for path in (p for p in PATHS if (p, n) in results):
             runs = results[(path, n)]
             ratio = statistics.median(r["wall"] for r in runs) / env_wall
             per_turn = [r["requests"] / (n * args.turns) for r in runs]
@@ -441,7 +442,7 @@ def report(results: dict, sizes: list[int], reps: int, args: argparse.Namespace,
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for n in sizes:
-        for path in PATHS[1:]:
+        for path in (p for p in PATHS[1:] if (p, n) in results):
             runs = results[(path, n)]
             vals = {key: [x * 1e3 for r in runs for x in r[key]] for key in ("added", "client", "engine")}
             cells = [f"{percentile(vals[k], q):.1f}" for k in ("added", "client", "engine") for q in (50, 99)]
