@@ -210,7 +210,9 @@ def train(url: str, args: argparse.Namespace, game: Any, seed: int, out: Path, w
     started = time.monotonic()
     trainer.train()
     save_merged(trainer.model, tokenizer, workdir / f"merged_seed{seed}")
-    log(f"seed {seed}: {args.steps} steps in {time.monotonic() - started:.0f} s")
+    log(
+        f"seed {seed}: {trainer.state.global_step} steps (of --steps {args.steps}) in {time.monotonic() - started:.0f} s"
+    )
 
 
 def save_merged(peft_model: Any, tokenizer: Any, merged_dir: Path) -> None:
