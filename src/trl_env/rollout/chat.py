@@ -10,19 +10,13 @@ from __future__ import annotations
 
 import json
 import threading
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-from trl_env.backends.base import FinishReason, Generation, GenerationRequest, Generator, check_request_sampling
 from trl_env.calling.processor import ToolProcessor
 from trl_env.processors.derived import from_tokenizer
 from trl_env.rollout.history import DeployedHistory, Message
-
-if TYPE_CHECKING:
-    from trl_env.rollout.episode_state import Episode
-    from trl_env.rollout.records import Budgets
 
 __all__ = [
     "ChatHistories",
@@ -30,9 +24,7 @@ __all__ = [
     "Reply",
     "SamplingEnv",
     "SamplingEnvFactory",
-    "cut_at_own_cap",
     "normalize",
-    "turn_request",
     "wire_message",
 ]
 
@@ -76,49 +68,6 @@ class SamplingEnv(Protocol):
 
     turn_sampling: Mapping[str, float]
     """The next turn's own settings (``temperature``, ``top_p``); empty: the generator's."""
-
-
-_SAMPLING_ENVS: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
-"""Env class -> whether it is a ``SamplingEnv`` (a runtime-protocol ``isinstance`` costs ~27 us: once per class)."""
-
-
-def turn_request(ep: Episode, budgets: Budgets, stops: tuple[int, ...], generator: Generator) -> GenerationRequest:
-    """An episode's next turn: its ids so far, and the env's own sampling if it asks for any.
-
-    Its ``max_tokens`` is what the budgets allow (``Episode.room``), or a chat request's own cap where that is smaller
-    (``ChatRequest.max_tokens``: an agent call's ``max_tokens`` / ``max_completion_tokens``).
-
-    Raises:
-        ConfigError: for settings ``generator`` cannot honour (``check_request_sampling``): never silently dropped.
-    """
-    ids, room, cap = ep.prompt_ids + ep.completion_ids, ep.room(budgets), _own_cap(ep)
-    max_tokens = room if cap is None else min(room, cap)
-    kind = type(ep.env)
-    if kind not in _SAMPLING_ENVS:
-        _SAMPLING_ENVS[kind] = isinstance(ep.env, SamplingEnv)
-    own = cast(SamplingEnv, ep.env).turn_sampling if _SAMPLING_ENVS[kind] else None
-    if not own:
-        return GenerationRequest(ids, max_tokens, stops)
-    check_request_sampling(generator, own, why=f"{kind.__name__}.turn_sampling")
-    return GenerationRequest(ids, max_tokens, stops, dict(own))
-
-
-def _own_cap(ep: Episode) -> int | None:
-    return None if ep.messages is None else ep.messages.max_tokens
-
-
-def cut_at_own_cap(ep: Episode, sampled: Generation, room: int) -> bool:
-    """Whether a turn was cut at its chat request's own cap, below the budgets' ``room``: the env answers it.
-
-    It is stepped with the cut turn (a ``Reply`` with ``finish_reason`` ``length``) and the episode goes on, as an
-    OpenAI server answers a call that asked for fewer tokens. Any other ``length`` turn (the cap absent, or not below
-    the budgets) was cut by the trainer's budgets or the server's context and ends its episode, unless
-    ``parse_truncated_turns``.
-    """
-    if sampled.finish_reason is not FinishReason.LENGTH:
-        return False
-    cap = _own_cap(ep)
-    return cap is not None and len(sampled.token_ids) == cap < room
 
 
 @runtime_checkable
