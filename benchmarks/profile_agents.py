@@ -5,6 +5,9 @@ the CPU of the agent path's parts (the SDK's request building, its answer parsin
 gateway's own code, the engine's rendering), as a share of the agent programs' threads; writes the full profile.
 
     python benchmarks/profile_agents.py --path agent --episodes 64
+
+``--decode``: the CPU of decoding a 16-token reply once, against decoding each of its tokens on its own (what every
+agent call did before ``Reply.tokens`` was decoded only for a call that asks for ``logprobs``).
 """
 
 from __future__ import annotations
@@ -27,12 +30,34 @@ PARTS = {  # label: (a fragment of the file's path, the function's name), as yap
 }
 
 
+def decode_cost(calls: int = 2000) -> str:
+    """CPU per reply of 16 tokens (``bench_agents``' replies): one ``decode`` of all, and one per token."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(C.tiny_model_dir())
+    ids = B.InstantGenerator(tokenizer, 16).ids
+    costs = {}
+    for label, once in (("whole", lambda: tokenizer.decode(ids, skip_special_tokens=False)),
+                        ("per token", lambda: [tokenizer.decode([i], skip_special_tokens=False) for i in ids])):  # fmt: skip
+        for _ in range(200):
+            once()
+        t0 = time.process_time()
+        for _ in range(calls):
+            once()
+        costs[label] = (time.process_time() - t0) / calls * 1e6
+    return f"16-token reply: one decode {costs['whole']:.1f} us CPU, each token on its own {costs['per token']:.1f} us"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--path", choices=["env", "agent", "agent-http"], default="agent")
     parser.add_argument("--episodes", type=int, default=64)
     parser.add_argument("--out", default="/tmp/profile_agents.txt", help="the full profile (sorted by total time)")
+    parser.add_argument("--decode", action="store_true", help="only a reply's decode cost, whole and per token")
     args = parser.parse_args()
+    if args.decode:
+        print(decode_cost())
+        return 0
     import yappi
     from transformers import AutoTokenizer
 
