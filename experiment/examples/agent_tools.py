@@ -145,6 +145,7 @@ def train_agent(
         learning_rate=args.lr if args.lr is not None else 1e-3 if args.model == "tiny" else 3e-5,
         temperature=args.temperature, beta=0.0,
         logging_steps=1, report_to=[], save_strategy="no", seed=args.seed, data_seed=args.seed, use_cpu=True,
+        bf16=False, gradient_checkpointing=False,  # float32: TRL's bf16 default is slow on CPUs
     )  # fmt: skip
     started = time.perf_counter()
 
