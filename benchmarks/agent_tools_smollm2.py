@@ -141,7 +141,8 @@ def write_summary(out: Path, state: dict[str, Any]) -> None:
             k, n = int(sum(r.values())), len(r)
             lo, hi = wilson(k, n)
             evals[phase] = r
-            state[phase].update(successes=k, episodes=n, rate=round(k / n, 4), wilson95=[round(lo, 3), round(hi, 3)])
+            state[phase].update(successes=k, episodes=n, rate=round(k / n, 4), wilson95=[round(lo, 3), round(hi, 3)],
+                                per_seed=r)  # fmt: skip
             lines.append(f"- {phase}: {k}/{n} = {k / n:.3f} (95% Wilson {lo:.3f}-{hi:.3f}); "
                          f"wall {state[phase].get('wall_s')} s, load {state[phase].get('load_before')} -> "
                          f"{state[phase].get('load_after')}")  # fmt: skip
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     state["args"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     for phase in ("before", "train", "after"):
         state.setdefault(phase, {})
-    for phase in args.phases.split(","):
+    for phase in filter(None, args.phases.split(",")):  # --phases "": rebuild summary.md and results.json only
         record: dict[str, Any] = {}
         if phase == "train":
             with heavy(phase, record):
@@ -204,6 +205,7 @@ def main(argv: list[str] | None = None) -> None:
         state[phase] = {"command": shlex.join(cmd), **record}
         write_summary(args.out, state)
         log(f"{phase} done; {args.out / 'summary.md'}")
+    write_summary(args.out, state)
     print((args.out / "summary.md").read_text())
 
 
