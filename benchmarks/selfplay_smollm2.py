@@ -19,6 +19,8 @@ those files after every phase, ``summary.md`` and ``results.json``.
 
 Run:   python benchmarks/selfplay_smollm2.py --seeds 0,1 --steps 8 --games 200 \\
            --out benchmarks/results/selfplay_smollm2/run
+Measured (docs/selfplay.md): --phases train,after --seeds 0,1 --steps 20 --train-budget-s 420 --batch 8 --lr 1e-3
+           --games 100 (the before phase: --phases before --games 200)
 Quick: python benchmarks/selfplay_smollm2.py --quick --out /tmp/sp_quick   # tiny model, 1 step, 4 games a seat
 """
 
