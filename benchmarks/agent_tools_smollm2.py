@@ -136,8 +136,9 @@ def write_summary(out: Path, state: dict[str, Any]) -> None:
     lines = ["# agent_tools on SmolLM2-135M-Instruct: reward before and after GRPO (CPU)", ""]
     evals = {}
     for phase in ("before", "after"):
-        if (out / phase / "transcripts.jsonl").exists():
-            r = rewards_of(out / phase)
+        transcripts = out / phase / "transcripts.jsonl"  # may be left out of git (size): then results.json's
+        if transcripts.exists() or state[phase].get("per_seed"):
+            r = rewards_of(out / phase) if transcripts.exists() else state[phase]["per_seed"]
             k, n = int(sum(r.values())), len(r)
             lo, hi = wilson(k, n)
             evals[phase] = r
