@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import requests
@@ -171,3 +172,21 @@ def _find_key(tree: Any, key: str) -> Any:
             if found is not None:
                 return found
     return None
+
+
+def settle_abandoned(members: list[tuple[GenerationRequest, Future[Generation]]], task: Future[None]) -> None:
+    """Fail the members of a batch whose task was cancelled (``close``) or died before settling them.
+
+    A task that returned has settled its members or handed them to its halves' tasks, which settle them.
+    """
+    if task.cancelled():
+        abandon(members, "generator closed")
+    elif task.exception() is not None:
+        abandon(members, str(task.exception()))
+
+
+def abandon(members: list[tuple[GenerationRequest, Future[Generation]]], why: str) -> None:
+    """Fail each member of a batch not yet settled with a ``ServerError`` saying why."""
+    for _, future in members:
+        if not future.done():
+            future.set_exception(ServerError(f"the request was abandoned ({why})"))

@@ -37,10 +37,12 @@ from trl_env.backends.lora_sync import LoraSync, sync_lora
 from trl_env.backends.vllm_http import (
     _http_session,
     _unreachable,
+    abandon,
     check_logprobs_mode,
     parse_completion,
     parse_completions,
     served_model,
+    settle_abandoned,
 )
 from trl_env.errors import ConfigError, ServerError
 
@@ -202,9 +204,9 @@ class VLLMServerGenerator(GeneratorBase):
         try:
             task = self._pool.submit(self._complete, members, resend, again=again, split_timeout=split_timeout)
         except RuntimeError:  # the pool was shut down while a failed batch was being split
-            _abandon(members, "generator closed")
+            abandon(members, "generator closed")
             return
-        task.add_done_callback(functools.partial(_settle_abandoned, members))
+        task.add_done_callback(functools.partial(settle_abandoned, members))
 
     def _complete(
         self,
@@ -387,20 +389,3 @@ class VLLMServerGenerator(GeneratorBase):
 def _halves(members: list[T]) -> list[list[T]]:
     half = (len(members) + 1) // 2
     return [members[:half], members[half:]]
-
-
-def _settle_abandoned(members: list[tuple[GenerationRequest, Future[Generation]]], task: Future[None]) -> None:
-    """Fail the members of a batch whose task was cancelled (``close``) or died before settling them.
-
-    A task that returned has settled its members or handed them to its halves' tasks, which settle them.
-    """
-    if task.cancelled():
-        _abandon(members, "generator closed")
-    elif task.exception() is not None:
-        _abandon(members, str(task.exception()))
-
-
-def _abandon(members: list[tuple[GenerationRequest, Future[Generation]]], why: str) -> None:
-    for _, future in members:
-        if not future.done():
-            future.set_exception(ServerError(f"the request was abandoned ({why})"))
