@@ -37,9 +37,6 @@ wall and the process's CPU are the paths' own (rendering, parsing, the engine; f
 gateway too). The CPU per call, agent minus env, is what the agent path adds on the trainer's process:
 
     python benchmarks/bench_agents.py --scripted --episodes 64 256 --repeat 3
-
-``--sdk-floor``: the openai SDK's own CPU per ``create`` (and per ``openai.OpenAI()``) against an ``httpx.MockTransport``
-that answers at once, by conversation length: what any server's agent path costs on the program's side.
 """
 
 from __future__ import annotations
@@ -242,48 +239,6 @@ def added_latency(rollouts: list) -> tuple[list[float], list[float], list[float]
     return added, client, engine
 
 
-def sdk_floor(calls: int = 300) -> str:
-    """The SDK's CPU per ``chat.completions.create`` (and ``model_dump`` of its message) with 1-7 messages, and per
-    ``openai.OpenAI()`` with and without an ``http_client``: no server, no gateway, a canned answer."""
-    import json
-
-    import httpx
-    import openai
-
-    message = {"role": "assistant", "content": " ".join(["word"] * 16)}
-    choice = {"index": 0, "message": message, "finish_reason": "length", "logprobs": None}
-    usage = {"prompt_tokens": 10, "completion_tokens": 16, "total_tokens": 26}
-    body = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": [choice],
-                       "usage": usage}).encode()  # fmt: skip
-    transport = httpx.MockTransport(
-        lambda r: httpx.Response(200, content=body, headers={"content-type": "application/json"})
-    )
-
-    def client() -> Any:
-        http = httpx.Client(transport=transport, trust_env=False)
-        return openai.OpenAI(base_url="http://x/v1", api_key="k", max_retries=0, http_client=http)
-
-    messages: list[Any] = [{"role": "user", "content": "Episode 0. Say anything; this game lasts 4 turns."}]
-    for turn in range(1, 4):
-        messages += [message, {"role": "user", "content": f"Turn {turn} noted. Next."}]
-    lines, c = ["| messages | SDK CPU ms per create |", "|---|---|"], client()
-    for n in (1, 3, 5, 7):
-        for _ in range(20):  # warm-up
-            c.chat.completions.create(model="m", messages=messages[:n])
-        t0 = time.process_time()
-        for _ in range(calls):
-            c.chat.completions.create(model="m", messages=messages[:n]).choices[0].message.model_dump(exclude_none=True)
-        lines.append(f"| {n} | {(time.process_time() - t0) / calls * 1e3:.2f} |")
-    for label, make in (("openai.OpenAI(http_client=<an httpx.Client on a transport>)", client),
-                        ("openai.OpenAI() (its own httpx client and SSL context)",
-                         lambda: openai.OpenAI(base_url="http://x/v1", api_key="k"))):  # fmt: skip
-        t0 = time.process_time()
-        for _ in range(20):
-            make()
-        lines.append(f"| {label} | {(time.process_time() - t0) / 20 * 1e3:.2f} per client |")
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--episodes", type=int, nargs="+", default=None, help="concurrent episodes (default 64 256)")
@@ -304,11 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", "--base-url", dest="base_url", default=None, help="reuse this running vLLM server")
     parser.add_argument("--server-omp", choices=sorted(C.SERVER_OMP), default="1",
                         help="OpenMP threads of a fresh server (see _common.SERVER_OMP)")  # fmt: skip
-    parser.add_argument("--sdk-floor", action="store_true", help="only the openai SDK's own CPU per call, no server")
     args = parser.parse_args(argv)
-    if args.sdk_floor:
-        print(sdk_floor())
-        return 0
     if args.quick:
         args.turns, args.tokens = min(args.turns, 2), min(args.tokens, 8)
     sizes = args.episodes or ([4] if args.quick else [64, 256])

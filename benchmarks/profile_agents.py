@@ -6,6 +6,9 @@ gateway's own code, the engine's rendering), as a share of the agent programs' t
 
     python benchmarks/profile_agents.py --path agent --episodes 64
 
+``--sdk-floor``: the openai SDK's own CPU per ``create`` (and per ``openai.OpenAI()``) against an ``httpx.MockTransport``
+that answers at once, by conversation length: what any server's agent path costs on the program's side.
+
 ``--decode``: the CPU of decoding a 16-token reply once, against decoding each of its tokens on its own (what every
 agent call did before ``Reply.tokens`` was decoded only for a call that asks for ``logprobs``).
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import functools
 import time
+from typing import Any
 
 import _common as C
 import bench_agents as B
@@ -48,13 +52,59 @@ def decode_cost(calls: int = 2000) -> str:
     return f"16-token reply: one decode {costs['whole']:.1f} us CPU, each token on its own {costs['per token']:.1f} us"
 
 
+def sdk_floor(calls: int = 300) -> str:
+    """The SDK's CPU per ``chat.completions.create`` (and ``model_dump`` of its message) with 1-7 messages, and per
+    ``openai.OpenAI()`` with and without an ``http_client``: no server, no gateway, a canned answer."""
+    import json
+
+    import httpx
+    import openai
+
+    message = {"role": "assistant", "content": " ".join(["word"] * 16)}
+    choice = {"index": 0, "message": message, "finish_reason": "length", "logprobs": None}
+    usage = {"prompt_tokens": 10, "completion_tokens": 16, "total_tokens": 26}
+    body = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": [choice],
+                       "usage": usage}).encode()  # fmt: skip
+    transport = httpx.MockTransport(
+        lambda r: httpx.Response(200, content=body, headers={"content-type": "application/json"})
+    )
+
+    def client() -> Any:
+        http = httpx.Client(transport=transport, trust_env=False)
+        return openai.OpenAI(base_url="http://x/v1", api_key="k", max_retries=0, http_client=http)
+
+    messages: list[Any] = [{"role": "user", "content": "Episode 0. Say anything; this game lasts 4 turns."}]
+    for turn in range(1, 4):
+        messages += [message, {"role": "user", "content": f"Turn {turn} noted. Next."}]
+    lines, c = ["| messages | SDK CPU ms per create |", "|---|---|"], client()
+    for n in (1, 3, 5, 7):
+        for _ in range(20):  # warm-up
+            c.chat.completions.create(model="m", messages=messages[:n])
+        t0 = time.process_time()
+        for _ in range(calls):
+            c.chat.completions.create(model="m", messages=messages[:n]).choices[0].message.model_dump(exclude_none=True)
+        lines.append(f"| {n} | {(time.process_time() - t0) / calls * 1e3:.2f} |")
+    for label, make in (("openai.OpenAI(http_client=<an httpx.Client on a transport>)", client),
+                        ("openai.OpenAI() (its own httpx client and SSL context)",
+                         lambda: openai.OpenAI(base_url="http://x/v1", api_key="k"))):  # fmt: skip
+        t0 = time.process_time()
+        for _ in range(20):
+            make()
+        lines.append(f"| {label} | {(time.process_time() - t0) / 20 * 1e3:.2f} per client |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--path", choices=["env", "agent", "agent-http"], default="agent")
     parser.add_argument("--episodes", type=int, default=64)
     parser.add_argument("--out", default="/tmp/profile_agents.txt", help="the full profile (sorted by total time)")
     parser.add_argument("--decode", action="store_true", help="only a reply's decode cost, whole and per token")
+    parser.add_argument("--sdk-floor", action="store_true", help="only the openai SDK's own CPU per call, no server")
     args = parser.parse_args()
+    if args.sdk_floor:
+        print(sdk_floor())
+        return 0
     if args.decode:
         print(decode_cost())
         return 0
