@@ -220,6 +220,15 @@ def machine_cpu() -> tuple[float, float]:
     return sum(t) - idle - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0), idle
 
 
+def engine_steps(base_url: str) -> float:
+    """The server's engine steps so far (vLLM's ``iteration_tokens_total`` count, ``/metrics``); 0 without one."""
+    if not base_url:
+        return 0.0
+    text = requests.get(f"{base_url}/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:iteration_tokens_total_count"))  # fmt: skip
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """The ``q``-th percentile (nearest rank) of ``values``."""
     ordered = sorted(values)
@@ -312,17 +321,28 @@ def main(argv: list[str] | None = None) -> int:
         def run(path: str, n: int) -> dict[str, Any]:
             seeds = [f"{n}-{i}" for i in range(n)]
             counter.take()
+            steps0 = engine_steps(base_url)
             machine0, cpu0, t0 = machine_cpu(), time.process_time(), time.perf_counter()
             rollouts = batch_rollout(seeds, factories[path], processor, tokenizer, gen, budgets=budgets,
                                      parse_truncated_turns=True, env_workers=args.env_workers, coalesce_s=coalesce,
                                      history="deployed")  # fmt: skip
             wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
             busy, idle = (after - before for after, before in zip(machine_cpu(), machine0, strict=True))
+            steps = engine_steps(base_url) - steps0
             check(rollouts, n, args.turns, path)
             reqs, prompts = counter.take()
             me = os.getpid()
             workers = sum(r.info["env"]["cpu"] for r in rollouts if r.info.get("env", {}).get("pid", me) != me)
-            result = dict(wall=wall, cpu=cpu, workers_cpu=workers, busy=busy, idle=idle, requests=reqs, prompts=prompts)
+            result = dict(
+                wall=wall,
+                cpu=cpu,
+                workers_cpu=workers,
+                busy=busy,
+                idle=idle,
+                steps=steps,
+                requests=reqs,
+                prompts=prompts,
+            )
             if path != "env":
                 result["added"], result["client"], result["engine"] = added_latency(rollouts)
             return result
@@ -373,11 +393,12 @@ def report(results: dict, sizes: list[int], reps: int, args: argparse.Namespace,
         "episode's env and program in a worker process (`isolated`, as `env_executor='process'`). Trainer CPU: "
         "this process's; worker CPU: agent-proc's worker processes', from each episode's reset to its program's "
         "return (their forks not counted). Machine busy CPU: every process on every core during the run (the server's, "
-        "this process's, its workers', any other load), idle core-s: the cores' idle time (`psutil.cpu_times`).",
+        "this process's, its workers', any other load), idle core-s: the cores' idle time (`psutil.cpu_times`). Engine steps: the "
+        "server's (`vllm:iteration_tokens_total` count).",
         "",
         "| N | path | wall s, median (min-max) | / env (target <= 1.15) | completion requests per turn | prompts per "
-        "request | trainer CPU s | trainer CPU ms per call | worker CPU ms per call | machine busy CPU s | idle core-s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "request | trainer CPU s | trainer CPU ms per call | worker CPU ms per call | machine busy CPU s | idle core-s | engine steps |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for n in sizes:
         env_wall = statistics.median(r["wall"] for r in results[("env", n)])
@@ -392,7 +413,8 @@ def report(results: dict, sizes: list[int], reps: int, args: argparse.Namespace,
                 f"{statistics.median(r['cpu'] for r in runs):.1f} | "
                 f"{statistics.median(r['cpu'] for r in runs) / (n * args.turns) * 1e3:.2f} | "
                 f"{statistics.median(r['workers_cpu'] for r in runs) / (n * args.turns) * 1e3:.2f} | "
-                f"{statistics.median(r['busy'] for r in runs):.1f} | {statistics.median(r['idle'] for r in runs):.1f} |"
+                f"{statistics.median(r['busy'] for r in runs):.1f} | {statistics.median(r['idle'] for r in runs):.1f} | "
+                f"{statistics.median(r['steps'] for r in runs):.0f} |"
             )
     lines += [
         "",
