@@ -4,6 +4,9 @@ One real vLLM CPU server (the tiny model; ``--url`` reuses a running one). Both 
 ``history="deployed"``, the same ``VLLMServerGenerator``, the same budgets and ``env_workers``:
 
 * ``env``: ``_common.BenchEnv`` (4 turns, plain observations) written as an ``Env``;
+* ``env-sdk``: ``SdkEnv``, the env path plus, in each step, the openai SDK's own work of the agent's call (a ``create``
+  answered at once by an ``httpx.MockTransport``, no gateway): what a gateway costing nothing would reach, so
+  ``agent`` / ``env-sdk`` is the gateway's share of the ratio and ``env-sdk`` / ``env`` the SDK's;
 * ``agent``: the same task as an agent program on the real ``openai`` SDK, one ``chat.completions.create`` per turn,
   through the process's gateway (``agent_env_factory``), a fresh ``openai.OpenAI`` per episode from ``run.openai()``
   (as an unmodified program gets it): in the gateway's process its calls are served in-process (agents/local.py);
@@ -32,6 +35,10 @@ building the response, the SDK reading and parsing it (loopback HTTP both ways).
 
     python benchmarks/bench_agents.py --episodes 64 256 --repeat 3
 
+``--pin``: the server on core 0 and the benchmark on the other cores (``_agents_machine.pin_cores``), a stand-in for a
+GPU server whose generation does not take the trainer's CPU; without it, on a 2-core box, every path's CPU competes
+with the server's (the ``machine busy CPU s`` column).
+
 ``--scripted``: no server; an instant generator answers every turn with the same ``--tokens`` ids at once, so the
 wall and the process's CPU are the paths' own (rendering, parsing, the engine; for the agents, the SDK, HTTP and the
 gateway too). The CPU per call, agent minus env, is what the agent path adds on the trainer's process:
@@ -44,6 +51,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import json
 import os
 import random
 import sys
@@ -56,6 +64,7 @@ from typing import Any
 
 import _common as C
 import requests
+from _agents_machine import engine_steps, machine_cpu, pin_cores
 from _agents_report import percentile, report
 
 from trl_env import Budgets, Ending, VLLMServerGenerator, batch_rollout
@@ -64,7 +73,7 @@ from trl_env.agents.env import AgentEnvFactory
 from trl_env.agents.run import AgentRun
 from trl_env.isolation import isolated
 
-PATHS = ["env", "agent", "agent-http", "agent-proc"]
+PATHS = ["env", "env-sdk", "agent", "agent-http", "agent-proc"]
 _client_times: dict[str, list[tuple[float, float]]] = {}
 _client_lock = threading.Lock()
 _errors: list[str] = []
@@ -101,6 +110,46 @@ def agent_program(run: AgentRun, http: bool = False, turns: int = 4) -> float:
         _client_times[run.seed] = times
     client.close()
     return float(turns)
+
+
+class SdkEnv(C.BenchEnv):
+    """``BenchEnv`` doing in each step the openai SDK's work of one agent call, with no gateway (the ``env-sdk`` path).
+
+    A ``create`` with the episode's messages so far, answered at once by an ``httpx.MockTransport`` with the sampled
+    text, then a ``model_dump`` of the reply, on one ``openai.OpenAI`` per episode built as ``run.openai()`` builds it:
+    the agent program's own CPU (as ``agent_program`` spends it) on an Env, so a gateway that cost nothing would give
+    this path's wall time. ``agent`` / ``env-sdk`` is the gateway's share; ``env-sdk`` / ``env`` the SDK's.
+    """
+
+    def reset(self, seed: str) -> tuple[C.BenchEnv, str]:
+        import httpx
+        import openai
+
+        env, first = super().reset(seed)
+        self.messages: list[dict[str, Any]] = [{"role": "user", "content": first}]
+        self.answer = b""
+        http = httpx.Client(transport=httpx.MockTransport(self._answer), trust_env=False)
+        self.client = openai.OpenAI(base_url="http://sdk.invalid/v1", api_key="k", max_retries=0, timeout=600,
+                                    http_client=http)  # fmt: skip
+        return env, first
+
+    def step(self, action: str) -> tuple[C.BenchEnv, str]:
+        message = {"role": "assistant", "content": action}
+        self.answer = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": [
+            {"index": 0, "message": message, "finish_reason": "length", "logprobs": None}]}).encode()  # fmt: skip
+        reply = self.client.chat.completions.create(model="m", messages=self.messages).choices[0].message  # type: ignore[arg-type]
+        self.messages.append(reply.model_dump(exclude_none=True))
+        env, observation = super().step(action)
+        if self.alive:
+            self.messages.append({"role": "user", "content": observation})
+        else:
+            self.client.close()
+        return env, observation
+
+    def _answer(self, request: Any) -> Any:
+        import httpx
+
+        return httpx.Response(200, content=self.answer, headers={"content-type": "application/json"})
 
 
 class TimedAgentEnv(AgentEnv):
@@ -210,25 +259,6 @@ class CountingPost:
             return out
 
 
-def machine_cpu() -> tuple[float, float]:
-    """The machine's CPU seconds so far, all cores: (busy, idle): the server's, this process's, its workers', any other
-    load's. Busy near wall x cores means the paths compete for the cores: extra CPU on one then costs wall time."""
-    import psutil
-
-    t = psutil.cpu_times()
-    idle = t.idle + getattr(t, "iowait", 0.0)
-    return sum(t) - idle - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0), idle
-
-
-def engine_steps(base_url: str) -> float:
-    """The server's engine steps so far (vLLM's ``iteration_tokens_total`` count, ``/metrics``); 0 without one."""
-    if not base_url:
-        return 0.0
-    text = requests.get(f"{base_url}/metrics", timeout=10).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("vllm:iteration_tokens_total_count"))  # fmt: skip
-
-
 def check(rollouts: list, n: int, turns: int, path: str) -> None:
     bad = [r for r in rollouts if r.ending not in (Ending.ENV_DONE, Ending.MAX_TURNS) or len(r.turns) != turns]
     if bad or len(rollouts) != n:
@@ -270,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="results folder (default benchmarks/results/agents)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the interleaving order")
     parser.add_argument("--url", "--base-url", dest="base_url", default=None, help="reuse this running vLLM server")
+    parser.add_argument("--pin", action="store_true",
+                        help="the server on core 0, this process (and its workers) on the others: see pin_cores")  # fmt: skip
     parser.add_argument("--server-omp", choices=sorted(C.SERVER_OMP), default="1",
                         help="OpenMP threads of a fresh server (see _common.SERVER_OMP)")  # fmt: skip
     args = parser.parse_args(argv)
@@ -302,12 +334,14 @@ def main(argv: list[str] | None = None) -> int:
             gen = counter = InstantGenerator(tokenizer, args.tokens, args.scripted_latency_ms / 1e3)
         else:
             server = C.server_config(base_url)
+            if args.pin:
+                server["pinned"] = pin_cores(base_url)
             counter = CountingPost(64)
             extra = {"ignore_eos": True, "stop_token_ids": []}  # every turn exactly --tokens long
             gen = VLLMServerGenerator(base_url, model=model_dir, temperature=1.0, extra_body=extra, post=counter)
         budgets = Budgets(max_turns=args.turns, max_new_tokens=args.tokens, max_completion_tokens=4096)
         program = functools.partial(agent_program, turns=args.turns)
-        factories = {"env": C.EnvFactory(args.turns), "agent": TimedFactory(program),
+        factories = {"env": C.EnvFactory(args.turns), "env-sdk": functools.partial(SdkEnv, args.turns), "agent": TimedFactory(program),
                      "agent-http": TimedFactory(functools.partial(program, http=True))}  # fmt: skip
         if "agent-proc" in PATHS:  # as make_rollout_func(..., env_executor="process") wraps it, with a larger pool
             factories["agent-proc"] = isolated(TimedFactory(program), pool_size=args.proc_pool)
@@ -337,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
                 requests=reqs,
                 prompts=prompts,
             )
-            if path != "env":
+            if path.startswith("agent"):
                 result["added"], result["client"], result["engine"] = added_latency(rollouts)
             return result
 
@@ -367,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         latency_ms={f"{path} {n}" if path != "agent" else str(n): {
             q: percentile([x for r in results[(path, n)] for x in r[key]], p) * 1e3
             for key in ("added", "client", "engine") for q, p in ((f"{key} p50", 50), (f"{key} p99", 99))}
-            for n in sizes for path in PATHS[1:] if (path, n) in results},
+            for n in sizes for path in PATHS if path.startswith("agent") and (path, n) in results},
     ))  # fmt: skip
     return 0
 

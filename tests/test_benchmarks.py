@@ -80,11 +80,37 @@ def test_bench_agents_scripted_quick_measures_cpu_per_call_without_a_server(tmp_
     )  # fmt: skip
     assert proc.returncode == 0, f"exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     saved = json.loads((tmp_path / "bench_agents_scripted.json").read_text())
-    for path in ("env", "agent", "agent-http"):
+    for path in ("env", "env-sdk", "agent", "agent-http"):
         (run,) = saved["runs"][f"{path} 4"]
         assert run["requests"] >= 2 and run["cpu"] > 0.0, (path, run)
         assert run["busy"] >= run["cpu"] * 0.5 and run["idle"] >= 0.0, (path, run)  # the machine's CPU holds ours
+    # env-sdk does the SDK's work of each call in its steps (ms per call): more CPU than the bare env
+    assert saved["runs"]["env-sdk 4"][0]["cpu"] > saved["runs"]["env 4"][0]["cpu"] + 8 * 1e-3, saved["runs"]
     assert "| 4 | agent | " in proc.stdout and "machine busy CPU s" in proc.stdout, proc.stdout
+    assert "/ env-sdk" in proc.stdout, proc.stdout
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="--pin needs 2 cores")
+def test_bench_agents_pin_puts_the_server_on_core_0_and_itself_on_the_others(tmp_path):
+    """--pin's pin_cores: the process listening at the URL (every thread) on the first core, the caller on the rest;
+    a stand-in server (http.server) started here, in a child process so that this one keeps its cores."""
+    cores = sorted(os.sched_getaffinity(0))
+    server = subprocess.Popen([sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1"], cwd=tmp_path,
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        line = server.stdout.readline()  # "Serving HTTP on 127.0.0.1 port N (...)"
+        port = int(line.split(" port ")[1].split()[0])
+        code = ("import os, sys; sys.path.insert(0, sys.argv[1]); from _agents_machine import pin_cores; "
+                "print(pin_cores(sys.argv[2])); print(sorted(os.sched_getaffinity(0)))")  # fmt: skip
+        proc = subprocess.run([sys.executable, "-c", code, str(BENCH), f"http://127.0.0.1:{port}"],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert f"pid {server.pid}" in proc.stdout, proc.stdout
+        assert proc.stdout.splitlines()[-1] == str(cores[1:]), proc.stdout  # the caller: every core but the first
+        assert os.sched_getaffinity(server.pid) == {cores[0]}, proc.stdout
+    finally:
+        server.kill()  # the one process this test started, by its id
+        server.wait()
 
 
 def test_bench_async_quick_sync_against_async_trainer(vllm_server, tmp_path):
