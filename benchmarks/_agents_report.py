@@ -21,10 +21,12 @@ def report(results: dict, paths: list[str], sizes: list[int], reps: int, args: a
     lines = [
         "## bench_agents" + (" --scripted (no server)" if args.scripted else "") + (" (quick)" if args.quick else ""),
         "",
-        f"Machine: {notes}. Server: {server}. {reps} timed repetitions per (path, N) after a warm-up, interleaved in "
-        f"shuffled order; total {total:.0f} s. Workload: N concurrent episodes x {args.turns} turns x exactly "
+        f"Machine: {notes}. Server: {server}. {reps} timed repetitions per (path, N) after a warm-up, in rounds "
+        f"(each round every (path, N) once, shuffled); total {total:.0f} s. Workload: N concurrent episodes x {args.turns} turns x exactly "
         f"{args.tokens} sampled tokens, history='deployed', env_workers={args.env_workers}, coalesce_s={args.coalesce_s}, one "
-        "VLLMServerGenerator. "
+        "VLLMServerGenerator. env-sdk: the env path plus, in each step, the openai SDK's work of the agent's call "
+        "(`SdkEnv`: a `create` answered at once by an `httpx.MockTransport`, no gateway): what a gateway that cost "
+        "nothing would give; `/ env-sdk` is the gateway's own share. "
         "agent: a fresh `openai.OpenAI` per episode from `run.openai()` (served in-process); agent-http: a fresh "
         "`openai.OpenAI(base_url=run.base_url, ...)` per episode (loopback HTTP); agent-proc: `agent` with each "
         "episode's env and program in a worker process (`isolated`, as `env_executor='process'`). Trainer CPU: "
@@ -33,20 +35,26 @@ def report(results: dict, paths: list[str], sizes: list[int], reps: int, args: a
         "this process's, its workers', any other load), idle core-s: the cores' idle time (`psutil.cpu_times`). Engine steps: the "
         "server's (`vllm:iteration_tokens_total` count).",
         "",
-        "| N | path | wall s, median (min-max) | / env (target <= 1.15) | completion requests per turn | prompts per "
+        "| N | path | wall s, median (min-max) | / env (target <= 1.15) | / env per round, median (min-max) | / env-sdk | completion requests per turn | prompts per "
         "request | trainer CPU s | trainer CPU ms per call | worker CPU ms per call | machine busy CPU s | idle core-s | engine steps |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for n in sizes:
         env_wall = statistics.median(r["wall"] for r in results[("env", n)])
+        sdk_wall = statistics.median(r["wall"] for r in results[("env-sdk", n)]) if ("env-sdk", n) in results else None
         for path in (p for p in paths if (p, n) in results):
             runs = results[(path, n)]
-            ratio = statistics.median(r["wall"] for r in runs) / env_wall
+            wall = statistics.median(r["wall"] for r in runs)
+            ratio = wall / env_wall
+            vs_sdk = f"{wall / sdk_wall:.2f}" if sdk_wall and path.startswith("agent") else ""
+            rounds = [r["wall"] / e["wall"] for r, e in zip(runs, results[("env", n)], strict=False)]
             per_turn = [r["requests"] / (n * args.turns) for r in runs]
             per_req = statistics.median(r["prompts"] / r["requests"] for r in runs)
             lines.append(
                 f"| {n} | {path} | {C.fmt_range([r['wall'] for r in runs])} | "
-                f"{'' if path == 'env' else f'**{ratio:.2f}**'} | {C.fmt_range(per_turn, 3)} | {per_req:.1f} | "
+                f"{'' if path == 'env' else f'**{ratio:.2f}**'} | "
+                f"{'' if path == 'env' else C.fmt_range(rounds)} | {vs_sdk} | "
+                f"{C.fmt_range(per_turn, 3)} | {per_req:.1f} | "
                 f"{statistics.median(r['cpu'] for r in runs):.1f} | "
                 f"{statistics.median(r['cpu'] for r in runs) / (n * args.turns) * 1e3:.2f} | "
                 f"{statistics.median(r['workers_cpu'] for r in runs) / (n * args.turns) * 1e3:.2f} | "
@@ -65,7 +73,7 @@ def report(results: dict, paths: list[str], sizes: list[int], reps: int, args: a
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for n in sizes:
-        for path in (p for p in paths[1:] if (p, n) in results):
+        for path in (p for p in paths if p.startswith("agent") and (p, n) in results):
             runs = results[(path, n)]
             vals = {key: [x * 1e3 for r in runs for x in r[key]] for key in ("added", "client", "engine")}
             cells = [f"{percentile(vals[k], q):.1f}" for k in ("added", "client", "engine") for q in (50, 99)]

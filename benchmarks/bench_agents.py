@@ -22,7 +22,9 @@ One real vLLM CPU server (the tiny model; ``--url`` reuses a running one). Both 
   ``ChatRequest`` / ``Reply``).
 
 Every turn samples exactly ``--tokens`` tokens (``ignore_eos``; cut turns go on: ``parse_truncated_turns=True``), so
-both paths ask the server for the same work. Repetitions are interleaved in shuffled order after a warm-up.
+both paths ask the server for the same work. After a warm-up, repetitions run in rounds: each round runs every
+(path, N) once, in shuffled order, and ``/ env per round`` is a path's wall over the env's of the same round (runs at
+most a minute apart: the ratio the box's slow drifts in speed leave alone).
 
 Printed per N: wall time of each path, the ratio agent/env (target <= 1.15x), the server's completion requests
 (counted by a ``post`` wrapper around the generator's HTTP calls) and prompts per request, so requests per turn
@@ -380,8 +382,9 @@ def main(argv: list[str] | None = None) -> int:
         for path, n in measured:  # warm-up: each path once per size
             run(path, n)
         print(f"[warm-up] {time.perf_counter() - t_start:.0f} s", file=sys.stderr)
-        order = [key for key in measured for _ in range(reps)]
-        random.Random(args.seed).shuffle(order)
+        rng, order = random.Random(args.seed), []
+        for _ in range(reps):  # rounds: each runs every (path, N) once, in shuffled order (paired per round)
+            order += rng.sample(measured, len(measured))
         results: dict[tuple[str, int], list[dict[str, Any]]] = {key: [] for key in order}
         for i, (path, n) in enumerate(order):
             results[(path, n)].append(run(path, n))

@@ -87,7 +87,7 @@ def test_bench_agents_scripted_quick_measures_cpu_per_call_without_a_server(tmp_
     # env-sdk does the SDK's work of each call in its steps (ms per call): more CPU than the bare env
     assert saved["runs"]["env-sdk 4"][0]["cpu"] > saved["runs"]["env 4"][0]["cpu"] + 8 * 1e-3, saved["runs"]
     assert "| 4 | agent | " in proc.stdout and "machine busy CPU s" in proc.stdout, proc.stdout
-    assert "/ env-sdk" in proc.stdout, proc.stdout
+    assert "/ env-sdk" in proc.stdout and "/ env per round" in proc.stdout, proc.stdout
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="--pin needs 2 cores")
