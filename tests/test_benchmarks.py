@@ -83,7 +83,7 @@ def test_bench_agents_scripted_quick_measures_cpu_per_call_without_a_server(tmp_
     for path in ("env", "env-sdk", "agent", "agent-http"):
         (run,) = saved["runs"][f"{path} 4"]
         assert run["requests"] >= 2 and run["cpu"] > 0.0, (path, run)
-        assert run["busy"] >= run["cpu"] * 0.5 and run["idle"] >= 0.0, (path, run)  # the machine's CPU holds ours
+        assert run["busy"] >= run["cpu"] * 0.5 - 0.05 and run["idle"] >= 0.0, (path, run)  # ours, to the clock tick
     # env-sdk does the SDK's work of each call in its steps (ms per call): more CPU than the bare env
     assert saved["runs"]["env-sdk 4"][0]["cpu"] > saved["runs"]["env 4"][0]["cpu"] + 8 * 1e-3, saved["runs"]
     assert "| 4 | agent | " in proc.stdout and "machine busy CPU s" in proc.stdout, proc.stdout
