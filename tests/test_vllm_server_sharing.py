@@ -4,8 +4,15 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 import urllib.request
+from pathlib import Path
 
+import pytest
 from vllm_server import SESSION_EXTRA_ARGS, make_vllm_server_fixture, reset_server, shares_session_server
 
 
@@ -65,3 +72,39 @@ def test_a_shared_server_is_the_session_server_and_reset_gives_back_a_fresh_ones
         assert json.loads(r.read()) == {"is_paused": False}
     assert post(shared_server, "/v1/load_lora_adapter", load) == 200  # the next module can publish its -v1
     # the fixture's teardown unloads it again (test_vllm_server_smoke checks the session server serves only its model)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_server_started_by_a_process_killed_with_sigkill_does_not_outlive_it(tmp_path):
+    """``dies_with_parent`` (how ``start_vllm_server`` launches the server): a stand-in server (``sleep``) started by a
+    parent process that is then SIGKILLed (as an OOM kill ends a test run or a driver) gets SIGTERM and ends; before
+    it, the server was left running, orphaned. Only the processes this test started are signalled, by their ids."""
+    code = (
+        "import subprocess, sys, time; sys.path.insert(0, sys.argv[1]); from vllm_server import dies_with_parent; "
+        "p = subprocess.Popen(dies_with_parent(['sleep', '120']), start_new_session=True); print(p.pid, flush=True); "
+        "time.sleep(120)"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code, str(Path(__file__).parent)], stdout=subprocess.PIPE,
+                              text=True)  # fmt: skip
+    child = int(parent.stdout.readline())
+    try:
+        time.sleep(0.5)  # the launcher has set its death signal and exec'd sleep
+        assert _alive(child), "the stand-in server did not start"
+        parent.kill()  # SIGKILL: no cleanup code of the parent runs
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(child), "the server outlived the process that started it"
+    finally:
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)  # the stand-in this test started
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for its new parent to reap it counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -29,7 +29,9 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -140,6 +142,22 @@ def _healthy(base_url: str) -> bool:
         return False
 
 
+_PDEATHSIG = (
+    "import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGTERM); "  # 1: PR_SET_PDEATHSIG
+    "sys.exit(1) if os.getppid() != int(sys.argv[1]) else os.execvp(sys.argv[2], sys.argv[2:])"
+)
+
+
+def dies_with_parent(args: Sequence[str]) -> list[str]:
+    """``args`` run so that the process gets SIGTERM when this thread's process dies (Linux ``PR_SET_PDEATHSIG``,
+    set by a tiny Python launcher that then execs ``args``): a test run or benchmark killed with SIGKILL (an OOM kill)
+    leaves no server behind. Unchanged off Linux, or off the main thread (the signal comes when the starting *thread*
+    ends, and a worker thread may end before the server should)."""
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return list(args)
+    return [sys.executable, "-c", _PDEATHSIG, str(os.getpid()), *args]
+
+
 def stop_process_group(proc: subprocess.Popen, grace: float = 20.0) -> None:
     """SIGTERM the server's process group (API server, engine core, worker), then SIGKILL what is left."""
     pgid = proc.pid  # start_new_session=True: the server leads its own group
@@ -209,7 +227,7 @@ def start_vllm_server(
     proc_env = server_env(workdir / "cache", lora=lora, inproc_model=inproc_model, extra=env)
     with open(log, "wb") as log_file:
         proc = subprocess.Popen(
-            args, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=proc_env,
+            dies_with_parent(args), stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=proc_env,
             cwd=workdir, start_new_session=True,
         )  # fmt: skip
     try:
