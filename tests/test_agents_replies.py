@@ -86,8 +86,8 @@ def test_an_agents_own_max_tokens_caps_its_turn_which_is_answered_length_and_the
     assert ids == [i for out in generator.outputs for i in out.token_ids]
     assert logprobs == [lp for out in generator.outputs for lp in out.logprobs]
     assert [t.num_model_tokens for t in rollout.turns] == [3, 2, len(full[2]), len(full[3])]
+    assert rollout.info["max_tokens_cut"] == 2  # the engine's count: the first two calls (the third: the trainer's cap)
     info = rollout.info["env"]
-    assert info["agent_max_tokens_cut"] == 2  # the first two calls (the third: the trainer's cap, no cut)
     used = [c["used"] for c in info["agent_sampling"]["calls"]]
     assert used == [{"max_tokens": 3}, {"max_tokens": 2}, {"max_tokens": 100}, {}]
     assert not {"max_tokens", "max_completion_tokens"} & info.get("agent_overridden", {}).keys()
@@ -127,7 +127,21 @@ def test_a_turn_cut_by_the_trainers_budget_ends_the_episode_as_before(chatml):
                                generator, history="deployed", budgets=Budgets(max_new_tokens=4))  # fmt: skip
     assert rollout.ending is Ending.LENGTH and generator.max_tokens == [4]
     assert seen == [("length", "")]  # the trainer's cut: no content, later calls refused (409)
-    assert "agent_max_tokens_cut" not in rollout.info["env"]
+    assert "max_tokens_cut" not in rollout.info
+
+
+def test_a_cap_equal_to_the_budgets_room_is_the_trainers_cut_in_the_count_too(chatml):
+    """One rule (``cut_at_own_cap``): a cap that is not below the budgets' room cuts as the trainer's budget does; with
+    ``parse_truncated_turns`` the episode goes on, and the cut is not counted as the call's own (the old AgentEnv
+    counted it: its own copy of the rule read "cut length equals the cap")."""
+    seen = []
+    generator = CapRecorder(chatml, words)
+    (rollout,) = batch_rollout(["s"], agent_env_factory(calling([{"max_tokens": 4}, {}], seen)), from_tokenizer(chatml),
+                               chatml, generator, history="deployed", budgets=Budgets(max_new_tokens=4),
+                               parse_truncated_turns=True)  # fmt: skip
+    assert rollout.ending is Ending.ENV_DONE and generator.max_tokens == [4, 4], rollout.error
+    assert seen[0][0] == "length"
+    assert "max_tokens_cut" not in rollout.info and "agent_max_tokens_cut" not in rollout.info["env"]
 
 
 def test_the_cap_holds_for_programs_in_worker_processes(chatml):
@@ -140,7 +154,7 @@ def test_the_cap_holds_for_programs_in_worker_processes(chatml):
                                chatml, generator, history="deployed", budgets=Budgets(max_new_tokens=40))  # fmt: skip
     assert rollout.ending is Ending.ENV_DONE and rollout.reward == 1.0, rollout.error
     assert generator.max_tokens == [3, 40]  # the cap travels with the call's ChatRequest, across the process boundary
-    assert rollout.info["env"]["agent_max_tokens_cut"] == 1
+    assert rollout.info["max_tokens_cut"] == 1
 
 
 def test_the_transcript_records_the_reply_the_agent_got(chatml, tmp_path):

@@ -91,8 +91,6 @@ class AgentEnv:
             pending.future.set_result(action)
         if tool_choice_unmet(pending.call, action.message):  # answered as sampled (agents/wire.py)
             self.info["agent_tool_choice_unmet"] = self.info.get("agent_tool_choice_unmet", 0) + 1
-        if action.finish_reason == "length" and len(action.token_ids) == pending.call.max_tokens:  # its own cap
-            self.info["agent_max_tokens_cut"] = self.info.get("agent_max_tokens_cut", 0) + 1
         return self._next()
 
     def truncate(self, reason: str) -> None:

@@ -361,6 +361,8 @@ class _Engine:
             return False
         ep.append_model(generation)
         own = cut_at_own_cap(ep, generation, max_tokens)  # cut at its chat request's own cap: the env answers it
+        if own:
+            ep.info["max_tokens_cut"] = ep.info.get("max_tokens_cut", 0) + 1
         if generation.finish_reason is FinishReason.LENGTH and not (self.parse_truncated_turns or own):
             ep.append_env(None, [])
             self._end(ep, Ending.LENGTH)
