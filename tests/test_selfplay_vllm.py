@@ -73,6 +73,11 @@ def test_two_real_self_play_steps_every_seat_row_is_what_the_server_answered(vll
         expected = [(tuple(row.prompt_ids), tuple(row.completion_ids)) for r in batch for row in r.rows]
         assert trained_rows(out) == expected  # the trainer trained these rows, in this order, nothing else
     assert checked[0] >= 8 * 2 and checked[1] >= 8 * 1, checked  # several turns per seat in both steps
-    assert any(
-        "credit/advantage_abs_mean" in h and h["credit/advantage_abs_mean"] > 0 for h in trainer.state.log_history
-    )
+    # per-role credit reached the loss: a step has a non-zero advantage exactly when, in one of its groups (one seed,
+    # 2 games), a seat's outcome differs between the games (the same outcome twice gives that role no signal)
+    logged = [h["credit/advantage_abs_mean"] for h in trainer.state.log_history if "credit/advantage_abs_mean" in h]
+    assert len(logged) == 2, trainer.state.log_history
+    for batch, advantage in zip(seen, logged, strict=True):
+        varied = any(len({r.reward for r in batch[g : g + 4] if r.info["seat"] == seat}) > 1
+                     for g in (0, 4) for seat in (0, 1))  # fmt: skip
+        assert (advantage > 0) == varied, ([(r.info["seat"], r.reward) for r in batch], advantage)
