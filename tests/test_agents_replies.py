@@ -7,6 +7,8 @@ against the real vLLM CPU server."""
 from __future__ import annotations
 
 import json
+from collections import defaultdict
+from types import SimpleNamespace
 
 import pytest
 from agents_support import PromptReplyGenerator
@@ -14,6 +16,7 @@ from test_async_grpo import Recorder
 
 from trl_env import VLLMServerGenerator
 from trl_env.agents import agent_env_factory
+from trl_env.integrations.metrics import log_metrics
 from trl_env.processors import from_tokenizer
 from trl_env.rollout import Budgets, Ending, batch_rollout
 from trl_env.rollout.transcripts import write_transcripts
@@ -87,6 +90,9 @@ def test_an_agents_own_max_tokens_caps_its_turn_which_is_answered_length_and_the
     assert logprobs == [lp for out in generator.outputs for lp in out.logprobs]
     assert [t.num_model_tokens for t in rollout.turns] == [3, 2, len(full[2]), len(full[3])]
     assert rollout.info["max_tokens_cut"] == 2  # the engine's count: the first two calls (the third: the trainer's cap)
+    trainer = SimpleNamespace(_metrics={"train": defaultdict(list)}, model=SimpleNamespace(training=True))
+    log_metrics(trainer, [rollout])  # the trainer logs it (it was an env/info/ metric while AgentEnv counted it)
+    assert trainer._metrics["train"]["env/max_tokens_cut_mean"] == [2.0]
     info = rollout.info["env"]
     used = [c["used"] for c in info["agent_sampling"]["calls"]]
     assert used == [{"max_tokens": 3}, {"max_tokens": 2}, {"max_tokens": 100}, {}]

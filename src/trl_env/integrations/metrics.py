@@ -34,6 +34,7 @@ def log_metrics(trainer: Any, rollouts: Sequence[Rollout]) -> None:
         sums[f"ending_{ending.value}"] = sum(r.ending is ending for r in rollouts)
     for kind in ERROR_KINDS:
         sums[f"error_{kind}"] = sum(r.info.get("error_kind") == kind for r in rollouts)
+    sums["max_tokens_cut"] = sum(r.info.get("max_tokens_cut", 0) for r in rollouts)  # a chat request's own cap
     calls = [call for t in turns for call in t.tool_calls]
     tools = _names_over_processes(trainer, sorted({name for name, _ in calls}))
     sums["tool_calls"] = len(calls)
@@ -67,6 +68,8 @@ def log_metrics(trainer: Any, rollouts: Sequence[Rollout]) -> None:
         values[f"env/error_{kind}_rate"] = total[f"error_{kind}"] / episodes
     for status in ParseStatus:  # over the turns a family processor parsed
         values[f"env/parse_{status.value}_rate"] = total[f"parse_{status.value}"] / max(total["parsed"], 1.0)
+    if total["max_tokens_cut"]:  # turns cut at their call's own max_tokens (agents), per episode
+        values["env/max_tokens_cut_mean"] = total["max_tokens_cut"] / episodes
     if total["tool_calls"]:  # over the calls the env answered (a ToolEnv, or any env answering with ToolResults)
         values["env/tool_calls_mean"] = total["tool_calls"] / episodes
         values["env/tool_errors_rate"] = total["tool_errors"] / total["tool_calls"]
