@@ -23,6 +23,7 @@ def pin_cores(base_url: str) -> str:
 
     A stand-in for a GPU server, whose generation does not run on the trainer's cores: on a shared box the paths'
     wall times otherwise include the server and the trainer taking CPU from each other (``machine busy CPU s``).
+    A server given with ``--url`` stays pinned after the run (a fresh one ends with it).
     """
     import psutil
 
