@@ -73,7 +73,7 @@ from trl_env import Budgets, Ending, VLLMServerGenerator, batch_rollout
 from trl_env.agents import AgentEnv
 from trl_env.agents.env import AgentEnvFactory
 from trl_env.agents.run import AgentRun
-from trl_env.isolation import isolated
+from trl_env.rollout.isolation import isolated
 
 PATHS = ["env", "env-sdk", "agent", "agent-http", "agent-proc"]
 _client_times: dict[str, list[tuple[float, float]]] = {}
@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import AutoTokenizer
 
-    from trl_env.processors import from_tokenizer
+    from trl_env.render.processors import from_tokenizer
     from trl_env.testing.templates import trl_templates
 
     serving = contextlib.nullcontext(("", C.tiny_model_dir())) if args.scripted else C.vllm_server(

@@ -136,7 +136,7 @@ def run_async(
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
     from trl_env import ChatMLProcessor
-    from trl_env.integrations.async_grpo import TrlEnvRolloutWorker, patch_for_cpu
+    from trl_env.train.async_grpo import TrlEnvRolloutWorker, patch_for_cpu
 
     patch_for_cpu()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from trl_env import Budgets, ChatMLProcessor, batch_rollout  # noqa: E402
 from trl_env.backends.base import FinishReason, Generation, resolved  # noqa: E402
-from trl_env.isolation import isolated  # noqa: E402
+from trl_env.rollout.isolation import isolated  # noqa: E402
 from trl_env.testing import build_tiny_tokenizer  # noqa: E402
 
 

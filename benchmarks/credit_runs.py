@@ -33,7 +33,7 @@ TASK_NAMES = ("maze", "rounds", "loop", "early")
 
 def credit_arg(label: str) -> Any:
     """What ``make_rollout_func(credit=...)`` gets for a ``VARIANTS`` label (the trainer's ``scale_rewards="group"``)."""
-    from trl_env.credit import DiscountedReturns
+    from trl_env.train.credit import DiscountedReturns
 
     if label.startswith("discounted_g"):
         return DiscountedReturns(gamma=float(label.removeprefix("discounted_g")), scale_rewards="group")
@@ -42,7 +42,7 @@ def credit_arg(label: str) -> Any:
 
 def estimator(label: str) -> Any:
     """The estimator a label trains with, for the quality table (``scale_rewards="group"``, as in training)."""
-    from trl_env.credit import EpisodeAdvantage, get_estimator
+    from trl_env.train.credit import EpisodeAdvantage, get_estimator
 
     arg = credit_arg(label)
     return EpisodeAdvantage("group") if arg == "episode" else get_estimator(arg) if isinstance(arg, str) else arg
@@ -142,8 +142,8 @@ def train_task(s: dict[str, Any], credit: Any, seed: int) -> dict[str, Any]:
     from trl import GRPOConfig
 
     from trl_env import ChatMLProcessor, env_reward, make_rollout_func
-    from trl_env.integrations.episode_trainer import EpisodeGRPOTrainer
     from trl_env.testing.credit_tasks import TaskEnv
+    from trl_env.train.episode_trainer import EpisodeGRPOTrainer
 
     torch.set_num_threads(1)
     the_task, level = task(s), target(s)[2]

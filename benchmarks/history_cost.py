@@ -2,7 +2,7 @@
 
 Offline, CPU: 8 episodes, one env worker, an instant sampler (each turn's ids precomputed, already resolved), the real
 Qwen 2.5 tokenizer and template (ChatML replies) and Qwen 3's (replies that reason: a thought and a digit). "before":
-``src/trl_env/rollout/history.py`` at ``--before`` (default 7b6fd20, before issue 32 item 4) loaded as a module and put in the engine's place.
+``src/trl_env/render/history.py`` at ``--before`` (default 7b6fd20, before issue 32 item 4) loaded as a module and put in the engine's place.
 Client time = process CPU time of ``batch_rollout``, best of ``--repeat``. Run:
 ``python benchmarks/history_figures.py --cost 10 40 100 [--before REV] [--repeat 3]``.
 
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from trl_env import FinishReason, Generation
 from trl_env.backends.base import resolved
-from trl_env.processors import get_processor
+from trl_env.render.processors import get_processor
 from trl_env.rollout import Budgets, batch_rollout
 from trl_env.testing.tokenizers import load_tokenizer
 
@@ -69,8 +69,8 @@ class GuessEnv:
 
 
 def history_before(rev: str):
-    """``DeployedHistory`` as ``src/trl_env/rollout/history.py`` was at ``rev``, adapted to the engine's calls."""
-    source = subprocess.run(["git", "show", f"{rev}:src/trl_env/rollout/history.py"], cwd=ROOT, check=True,
+    """``DeployedHistory`` as ``src/trl_env/render/history.py`` was at ``rev``, adapted to the engine's calls."""
+    source = subprocess.run(["git", "show", f"{rev}:src/trl_env/render/history.py"], cwd=ROOT, check=True,
                             capture_output=True, text=True).stdout  # fmt: skip
     path = Path(tempfile.mkdtemp()) / "history_before.py"
     path.write_text(source)
@@ -78,7 +78,7 @@ def history_before(rev: str):
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
-    from trl_env.rollout.conversation import Conversation
+    from trl_env.render.conversation import Conversation
 
     class Before(module.DeployedHistory):
         def extend(self, previous, messages):  # today's engine calls extend; before, it called encode

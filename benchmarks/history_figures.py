@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from test_history import ReplyGenerator  # noqa: E402  # the scripted sampler the tests use
 
-from trl_env.processors import get_processor  # noqa: E402
+from trl_env.render.processors import get_processor  # noqa: E402
 from trl_env.rollout import Budgets, batch_rollout  # noqa: E402
 from trl_env.testing.tokenizers import load_tokenizer  # noqa: E402
 

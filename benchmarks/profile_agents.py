@@ -112,7 +112,7 @@ def main() -> int:
     from transformers import AutoTokenizer
 
     from trl_env import Budgets, batch_rollout
-    from trl_env.processors import from_tokenizer
+    from trl_env.render.processors import from_tokenizer
     from trl_env.testing.templates import trl_templates
 
     tokenizer = AutoTokenizer.from_pretrained(C.tiny_model_dir())

@@ -3,7 +3,7 @@
 Everything on the CPU, every turn sampled by the REAL vLLM CPU server of ``.venv-vllm``. Three phases (``--phases``):
 
 1. ``before``: a server serves the model; ``trl-env eval --base-url`` plays ``--games`` games per seat against
-   ``trl_env.integrations.textarena_seats:random_move`` (seat 0: ``policy,random_move``; seat 1:
+   ``trl_env.adapters.textarena_seats:random_move`` (seat 0: ``policy,random_move``; seat 1:
    ``random_move,policy``), both seats at once, the same eval seeds ``eval-{i}`` every time.
 2. ``train``, per seed: self-play training of a LoRA adapter (``EpisodeGRPOTrainer``, both seats played by the policy,
    ``credit="per_role"``, the game and prompt of ``experiment/examples/selfplay_tictactoe.py``), each step's turns
@@ -48,7 +48,7 @@ import _common as C
 sys.path.insert(0, str(C.REPO_ROOT / "experiment" / "examples"))
 
 LOCK = "/tmp/trl_env_heavy.lock"
-RANDOM_MOVE = "trl_env.integrations.textarena_seats:random_move"
+RANDOM_MOVE = "trl_env.adapters.textarena_seats:random_move"
 SEATS = {0: f"policy,{RANDOM_MOVE}", 1: f"{RANDOM_MOVE},policy"}
 RATES = ("win_rate", "draw_rate", "loss_rate", "invalid_move_rate")
 #: The server: one unpinned OpenMP pool (pinned threads spin when another job holds a core) of ``--server-threads``
@@ -104,7 +104,7 @@ def eval_command(url: str, args: argparse.Namespace, game: Any, out: Path, seat:
     """The ``trl-env eval`` command: the served model in ``seat`` against ``random_move``, ``args.games`` games."""
     return [
         str(Path(sys.executable).parent / "trl-env"), "eval",
-        "--env", "trl_env.integrations.textarena_seats:TextArenaGame", "--env-kwargs", json.dumps({"game": game.GAME}),
+        "--env", "trl_env.adapters.textarena_seats:TextArenaGame", "--env-kwargs", json.dumps({"game": game.GAME}),
         "--seats", SEATS[seat], "--base-url", url, "--n", str(args.games), "--seed-format", "eval-{i}",
         "--system-prompt", game.SYSTEM_PROMPT, "--max-turns", str(game.MAX_TURNS), "--max-new-tokens", "8",
         "--parse-truncated-turns", "--out", str(out),
@@ -148,7 +148,7 @@ def train(url: str, args: argparse.Namespace, game: Any, seed: int, out: Path, w
     from trl import GRPOConfig
 
     from trl_env import ChatMLProcessor, env_reward, make_rollout_func
-    from trl_env.integrations.episode_trainer import EpisodeGRPOTrainer
+    from trl_env.train.episode_trainer import EpisodeGRPOTrainer
 
     torch.set_num_threads(args.train_threads)
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)

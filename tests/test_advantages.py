@@ -1,4 +1,4 @@
-"""The group advantage rule, once (trl_env.advantages): TRL's two settings, bit for bit where TRL computes it."""
+"""The group advantage rule, once (trl_env.train.advantages): TRL's two settings, bit for bit where TRL computes it."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 import torch
 from trl.trainer.utils import nanstd as trl_nanstd
 
-from trl_env.advantages import ASYNC_RULE, GRPO_RULE, group_advantages, group_normalise, nan_std
-from trl_env.credit import EpisodeAdvantage, GiGPO, NaivePerTurnIndex
-from trl_env.episode_credit import EpisodeCredit
+from trl_env.train.advantages import ASYNC_RULE, GRPO_RULE, group_advantages, group_normalise, nan_std
+from trl_env.train.credit import EpisodeAdvantage, GiGPO, NaivePerTurnIndex
+from trl_env.train.episode_credit import EpisodeCredit
 
 
 def rewards_with_gaps(seed: int, groups: int = 5, members: int = 4) -> torch.Tensor:

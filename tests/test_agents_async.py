@@ -13,11 +13,11 @@ from test_async_grpo import consume
 from trl_env import ConfigError
 from trl_env.agents import agent_env_factory
 from trl_env.env import RowSeed
-from trl_env.integrations.async_grpo import TrlEnvRolloutWorker, group_advantages
-from trl_env.integrations.grpo import prompt_to_seed
-from trl_env.processors import from_tokenizer
+from trl_env.render.processors import from_tokenizer
 from trl_env.rollout import Ending, batch_rollout
 from trl_env.testing.tokenizers import load_tokenizer
+from trl_env.train.async_grpo import TrlEnvRolloutWorker, group_advantages
+from trl_env.train.grpo import prompt_to_seed
 
 ROWS = [{"prompt": f"add {a} and {b}", "a": a, "b": b} for a, b in ((1, 2), (3, 4))]
 

@@ -11,9 +11,9 @@ import pytest
 from agents_support import PromptReplyGenerator
 
 from trl_env.agents import agent_env_factory
-from trl_env.processors import from_tokenizer
+from trl_env.render.chat import Reply
+from trl_env.render.processors import from_tokenizer
 from trl_env.rollout import Ending, batch_rollout
-from trl_env.rollout.chat import Reply
 from trl_env.testing.tokenizers import load_tokenizer
 
 TEXT = "Grüße, 世界! 🎉🦜 naïve café"  # characters whose UTF-8 bytes the byte-level BPE splits across tokens

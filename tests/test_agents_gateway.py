@@ -11,8 +11,8 @@ import pytest
 from agents_support import PromptReplyGenerator
 
 from trl_env.agents import agent_env_factory
-from trl_env.calling.format import tool_schemas
-from trl_env.processors import from_tokenizer
+from trl_env.render.processors import from_tokenizer
+from trl_env.render.tools.format import tool_schemas
 from trl_env.rollout import Ending, batch_rollout
 from trl_env.testing.tokenizers import load_tokenizer
 

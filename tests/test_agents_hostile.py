@@ -13,7 +13,7 @@ import pytest
 from agents_support import PromptReplyGenerator
 
 from trl_env.agents import Gateway, agent_env_factory
-from trl_env.processors import from_tokenizer
+from trl_env.render.processors import from_tokenizer
 from trl_env.rollout import Budgets, Ending, batch_rollout
 from trl_env.testing.tokenizers import load_tokenizer
 
@@ -193,7 +193,7 @@ def test_the_gateway_listens_on_loopback_by_default():
 def test_programs_in_worker_processes_a_program_that_kills_its_interpreter_fails_only_its_episode(tokenizer):
     from agents_support import exiting_program
 
-    from trl_env.isolation import isolated
+    from trl_env.rollout.isolation import isolated
 
     generator = PromptReplyGenerator(tokenizer, lambda k, p: f"{k}<|im_end|>")
     factory = isolated(agent_env_factory(exiting_program), pool_size=2)

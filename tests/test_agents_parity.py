@@ -13,11 +13,11 @@ import json
 import pytest
 from agents_support import PromptReplyGenerator, rows_of
 
+from trl_env.adapters.tool_env import ToolEnv
 from trl_env.agents import agent_env_factory
-from trl_env.calling.env import ToolEnv
-from trl_env.calling.format import tool_schemas
-from trl_env.calling.processor import ToolProcessor
-from trl_env.processors import from_tokenizer
+from trl_env.render.processors import from_tokenizer
+from trl_env.render.tools.format import tool_schemas
+from trl_env.render.tools.processor import ToolProcessor
 from trl_env.rollout import Ending, batch_rollout
 from trl_env.testing.tokenizers import load_tokenizer
 

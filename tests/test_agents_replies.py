@@ -16,11 +16,11 @@ from test_async_grpo import Recorder
 
 from trl_env import VLLMServerGenerator
 from trl_env.agents import agent_env_factory
-from trl_env.integrations.metrics import log_metrics
-from trl_env.processors import from_tokenizer
+from trl_env.render.processors import from_tokenizer
 from trl_env.rollout import Budgets, Ending, batch_rollout
 from trl_env.rollout.transcripts import write_transcripts
 from trl_env.testing.tokenizers import load_tokenizer
+from trl_env.train.metrics import log_metrics
 
 
 class CapRecorder(PromptReplyGenerator):
@@ -153,7 +153,7 @@ def test_a_cap_equal_to_the_budgets_room_is_the_trainers_cut_in_the_count_too(ch
 def test_the_cap_holds_for_programs_in_worker_processes(chatml):
     from agents_support import capped_program
 
-    from trl_env.isolation import isolated
+    from trl_env.rollout.isolation import isolated
 
     generator = CapRecorder(chatml, words)
     (rollout,) = batch_rollout(["s"], isolated(agent_env_factory(capped_program), pool_size=1), from_tokenizer(chatml),

@@ -12,7 +12,7 @@ from test_async_grpo import Recorder
 from trl_env import ConfigError, VLLMServerGenerator
 from trl_env.agents import agent_env_factory
 from trl_env.backends.base import GeneratorBase
-from trl_env.processors import from_tokenizer
+from trl_env.render.processors import from_tokenizer
 from trl_env.rollout import Budgets, Ending, batch_rollout
 from trl_env.testing.tokenizers import load_tokenizer
 
@@ -152,7 +152,7 @@ def test_the_agents_sampling_reaches_the_real_vllm_server(vllm_server):
 def test_sampling_agent_in_worker_processes_is_refused_at_construction():
     from agents_support import one_call_program
 
-    from trl_env.isolation import isolated
+    from trl_env.rollout.isolation import isolated
 
     isolated(agent_env_factory(one_call_program))  # sampling="trainer" pickles
     with pytest.raises(ConfigError, match="sampling='agent'.*worker process"):

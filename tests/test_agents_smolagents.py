@@ -18,9 +18,9 @@ from vllm_server import make_vllm_server_fixture  # noqa: E402
 
 from trl_env import VLLMServerGenerator, env_reward, make_rollout_func  # noqa: E402
 from trl_env.agents import AgentRun, agent_env_factory  # noqa: E402
-from trl_env.integrations.episode_trainer import EpisodeGRPOTrainer  # noqa: E402
-from trl_env.processors import from_tokenizer  # noqa: E402
+from trl_env.render.processors import from_tokenizer  # noqa: E402
 from trl_env.testing.templates import trl_templates  # noqa: E402
+from trl_env.train.episode_trainer import EpisodeGRPOTrainer  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "experiment" / "examples"))
 

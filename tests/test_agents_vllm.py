@@ -11,9 +11,9 @@ from test_async_grpo import Recorder
 
 from trl_env import VLLMServerGenerator, env_reward, make_rollout_func
 from trl_env.agents import agent_env_factory
-from trl_env.integrations.episode_trainer import EpisodeGRPOTrainer
-from trl_env.processors import from_tokenizer
+from trl_env.render.processors import from_tokenizer
 from trl_env.testing.templates import trl_templates
+from trl_env.train.episode_trainer import EpisodeGRPOTrainer
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "experiment" / "examples"))
 

@@ -94,7 +94,7 @@ def test_a_named_tool_choice_is_unmet_when_another_function_is_called(qwen3):
         """
         return a - b
 
-    from trl_env.calling.format import tool_schemas
+    from trl_env.render.tools.format import tool_schemas
 
     tools = tool_schemas([sub]) + TOOLS
 

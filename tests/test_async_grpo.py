@@ -1,4 +1,4 @@
-"""trl-env as the rollout worker of TRL's AsyncGRPOTrainer (trl_env.integrations.async_grpo).
+"""trl-env as the rollout worker of TRL's AsyncGRPOTrainer (trl_env.train.async_grpo).
 
 Unit tests drive the worker with the trainer's consumer semantics (``consume``: the memo's minimal loop, the
 same get / staleness / version-sync order as ``RolloutQueueDataset``) and scripted generators; one test runs
@@ -26,7 +26,7 @@ from vllm_server import make_vllm_server_fixture
 from trl_env import ChatMLProcessor, ConfigError, EnvError
 from trl_env.backends.base import resolved
 from trl_env.backends.vllm_server import parse_completion
-from trl_env.integrations.async_grpo import TrlEnvRolloutWorker, group_advantages, patch_for_cpu
+from trl_env.train.async_grpo import TrlEnvRolloutWorker, group_advantages, patch_for_cpu
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 IM_END = "<|im_end|>"

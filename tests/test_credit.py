@@ -1,5 +1,5 @@
-"""Credit estimators (trl_env.credit): hand-computed advantages, and which ones stay unbiased when the policy decides
-how long an episode lasts (an exact policy gradient, by enumeration, against Monte Carlo estimates)."""
+"""Credit estimators (trl_env.train.credit): hand-computed advantages, and which ones stay unbiased when the policy
+decides how long an episode lasts (an exact policy gradient, by enumeration, against Monte Carlo estimates)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import pytest
 from helpers import ScriptedGenerator
 
 from trl_env import Budgets, ChatMLProcessor, ConfigError, Ending, FinishReason, batch_rollout
-from trl_env.credit import (
+from trl_env.rollout import Rollout, Row, Turn
+from trl_env.train.async_grpo.samples import group_advantages
+from trl_env.train.credit import (
     CREDIT_ESTIMATORS,
     DiscountedReturns,
     EpisodeAdvantage,
@@ -21,8 +23,6 @@ from trl_env.credit import (
     get_estimator,
     token_advantages,
 )
-from trl_env.integrations.async_grpo.samples import group_advantages
-from trl_env.rollout import Rollout, Row, Turn
 
 
 def approx(expected):

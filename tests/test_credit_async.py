@@ -32,10 +32,17 @@ from vllm_server import make_vllm_server_fixture
 
 from trl_env import ChatMLProcessor, ConfigError
 from trl_env.backends.base import FinishReason
-from trl_env.credit import DiscountedReturns, EpisodeAdvantage, EpisodeCredit, GiGPO, get_estimator, token_advantages
-from trl_env.integrations.async_grpo import TrlEnvRolloutWorker, patch_for_cpu
 from trl_env.rollout import Ending, Rollout
 from trl_env.rollout.records import Row, Turn
+from trl_env.train.async_grpo import TrlEnvRolloutWorker, patch_for_cpu
+from trl_env.train.credit import (
+    DiscountedReturns,
+    EpisodeAdvantage,
+    EpisodeCredit,
+    GiGPO,
+    get_estimator,
+    token_advantages,
+)
 
 FATES = ("pushed", "dropped_stale", "failed", "untrainable", "truncated_masked", "dropped_unscored", "stopped")
 

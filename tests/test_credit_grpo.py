@@ -13,10 +13,10 @@ from test_history_grpo import FlakyTalkEnv, none_for_short, thinking_tokenizer, 
 
 import trl_env
 from trl_env import ChatMLProcessor, env_reward, make_rollout_func
-from trl_env.credit import DiscountedReturns, EpisodeCredit, GiGPO, get_estimator, token_advantages
 from trl_env.errors import ConfigError
-from trl_env.integrations.episode_trainer import EpisodeGRPOTrainer, env_reward_columns
-from trl_env.processors import from_tokenizer
+from trl_env.render.processors import from_tokenizer
+from trl_env.train.credit import DiscountedReturns, EpisodeCredit, GiGPO, get_estimator, token_advantages
+from trl_env.train.episode_trainer import EpisodeGRPOTrainer, env_reward_columns
 
 
 def recording(cls):

@@ -1,4 +1,4 @@
-"""Per-role credit (trl_env.credit.PerRole) for games of several seats: hand-computed values, composition with the
+"""Per-role credit (trl_env.train.credit.PerRole) for games of several seats: hand-computed values, composition with the
 turn-level estimators, and an exact self-play gradient by enumeration of a small two-player zero-sum game."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from trl_env.credit import (
+from trl_env.rollout import Ending, Rollout, Turn
+from trl_env.train.credit import (
     CREDIT_ESTIMATORS,
     DiscountedReturns,
     EpisodeAdvantage,
@@ -17,7 +18,6 @@ from trl_env.credit import (
     credit_estimator,
     estimate,
 )
-from trl_env.rollout import Ending, Rollout, Turn
 
 
 def approx(expected):

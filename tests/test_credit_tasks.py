@@ -7,7 +7,6 @@ import random
 
 import pytest
 
-from trl_env.credit import DiscountedReturns, EpisodeAdvantage
 from trl_env.testing.credit_tasks import (
     TASKS,
     EarlyDecision,
@@ -20,6 +19,7 @@ from trl_env.testing.credit_tasks import (
     sample_group,
     uniform,
 )
+from trl_env.train.credit import DiscountedReturns, EpisodeAdvantage
 
 
 def test_rounds_env_pays_each_round_on_its_own_turn():

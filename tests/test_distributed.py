@@ -77,7 +77,7 @@ def test_scale_out_recipe_two_processes_against_two_data_parallel_vllm_servers(
 def test_two_process_turn_credit_uses_each_group_across_both_processes(tmp_path, monkeypatch):
     """EpisodeGRPOTrainer, credit="discounted", groups of 8 split 4 + 4 over two processes, one failed episode:
     each process trains on the advantages of the whole group (computed here from both processes' episodes)."""
-    from trl_env.credit import EpisodeCredit, get_estimator
+    from trl_env.train.credit import EpisodeCredit, get_estimator
 
     monkeypatch.setenv("TRL_ENV_TEST_CREDIT", "discounted")
     result = run_two_processes(tmp_path)

@@ -15,8 +15,14 @@ import pytest
 import trl_env
 
 ROOT = Path(__file__).parent.parent
-INTEGRATIONS = ["grpo", "options", "episode_trainer", "metrics", "async_grpo", "openenv", "textarena", "reasoning_gym"]
-INTEGRATIONS += ["textworld", "verifiers"]
+INTEGRATIONS = ["train.grpo", "train.options", "train.episode_trainer", "train.metrics", "train.async_grpo"]
+INTEGRATIONS += [
+    "adapters.openenv",
+    "adapters.textarena",
+    "adapters.reasoning_gym",
+    "adapters.textworld",
+    "adapters.verifiers",
+]
 
 
 def public_names(module_name: str) -> list[str]:
@@ -54,7 +60,7 @@ def test_docs_build_strict_and_cover_the_public_api(site):
     rendered = inventory(site)
     missing = [f"trl_env.{name}" for name in trl_env.__all__ if f"trl_env.{name}" not in rendered]
     for short in INTEGRATIONS:
-        module = f"trl_env.integrations.{short}"
+        module = f"trl_env.{short}"
         missing += [f"{module}.{name}" for name in public_names(module) if f"{module}.{name}" not in rendered]
     assert not missing, f"not in the API reference (docs/api/): {missing}"
 

@@ -12,10 +12,10 @@ from test_history_grpo import NumberedTalkEnv, thinking_tokenizer, thinks_by_epi
 
 from trl_env import make_rollout_func
 from trl_env.backends.base import FinishReason
-from trl_env.integrations.metrics import log_metrics
-from trl_env.processors import from_tokenizer
+from trl_env.render.processors import from_tokenizer
 from trl_env.rollout import Ending, Rollout, Row, Span, Turn
 from trl_env.rollout.transcripts import write_transcripts
+from trl_env.train.metrics import log_metrics
 
 
 def turn(text: str) -> Turn:
@@ -51,7 +51,7 @@ def test_log_extra_values_of_reward_functions_land_beside_their_episodes_rows(tm
     from datasets import Dataset
     from trl import GRPOConfig
 
-    from trl_env.integrations.episode_trainer import EpisodeGRPOTrainer
+    from trl_env.train.episode_trainer import EpisodeGRPOTrainer
 
     def turns_logged(completions, env_turns, log_extra=None, **kwargs):
         log_extra("turns", [float(t) for t in env_turns])
@@ -84,7 +84,7 @@ def test_to_trl_refuses_an_episode_of_several_rows_and_to_trl_rows_gives_each():
     import pytest
 
     from trl_env import ConfigError, to_trl
-    from trl_env.integrations.trl_output import to_trl_rows
+    from trl_env.train.trl_output import to_trl_rows
 
     r, one = two_row_rollout(), Rollout.single("t", [1], [5, 6], [-0.1, -0.1], [1, 1], (turn("c"),), 0.0,
                                                Ending.ENV_DONE)  # fmt: skip
@@ -100,7 +100,7 @@ def test_spans_walk_each_rows_turns_once_and_refuse_an_inconsistent_record():
     import pytest
 
     from trl_env import ConfigError
-    from trl_env.credit import token_advantages
+    from trl_env.train.credit import token_advantages
 
     r = two_row_rollout()  # each turn: 2 model tokens; the first row's turn is answered by 1 env token
     (first, first_spans), (last, last_spans) = r.spans()

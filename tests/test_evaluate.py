@@ -99,7 +99,7 @@ def test_eval_passes_env_kwargs_and_the_engine_options(tmp_path, capsys):
 
 
 def test_eval_builds_the_processor_with_action_tags_or_from_the_tokenizer(tmp_path):
-    from trl_env.processors import TemplateProcessor
+    from trl_env.render.processors import TemplateProcessor
     from trl_env.tools.cli import build_parser, processor_from_args
 
     tokenizer = __import__("trl_env.testing.templates", fromlist=["x"]).trl_template_tokenizer("phi3")

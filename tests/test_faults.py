@@ -97,7 +97,7 @@ def check_scoring_with_a_second_reward_function(out):
     """Through trl-env's wrapper of TRL's reward computation: env_reward plus a format reward that scores every row."""
     import torch
 
-    from trl_env.integrations.grpo import _exclude_failed_from_rewards
+    from trl_env.train.grpo import _exclude_failed_from_rewards
 
     rows = [{"env_ending": e} for e in out["env_ending"]]
     per_func = torch.tensor([[math.nan if r is None else r, 0.0] for r in out["env_reward"]])  # (rows, 2 funcs)

@@ -15,8 +15,8 @@ import pytest
 from trl_env import Generation
 from trl_env.backends.base import FinishReason, resolved
 from trl_env.errors import ConfigError
-from trl_env.processors import from_tokenizer, get_processor
-from trl_env.processors.derived import render
+from trl_env.render.processors import from_tokenizer, get_processor
+from trl_env.render.processors.derived import render
 from trl_env.rollout import Budgets, Ending, batch_rollout
 from trl_env.testing.templates import trl_template_tokenizer
 from trl_env.testing.tokenizers import load_tokenizer
@@ -75,8 +75,8 @@ class ReplyGenerator:
 
 def conversations(rollout, first_observation, tokenizer, processor):
     """The messages before each turn: the first observation, then per turn the reply and the env's answer."""
+    from trl_env.render.history import DeployedHistory
     from trl_env.rollout.episode import EnvText
-    from trl_env.rollout.history import DeployedHistory
 
     history = DeployedHistory(tokenizer, processor, {}, EnvText(tokenizer))
     messages = history.opening(first_observation)

@@ -19,9 +19,9 @@ from test_history_grpo import FlakyTalkEnv, NumberedTalkEnv, thinking_tokenizer,
 from vllm_server import make_vllm_server_fixture
 
 from trl_env import ConfigError
-from trl_env.integrations.async_grpo import TrlEnvRolloutWorker, group_advantages, patch_for_cpu
-from trl_env.processors import from_tokenizer
+from trl_env.render.processors import from_tokenizer
 from trl_env.rollout import History
+from trl_env.train.async_grpo import TrlEnvRolloutWorker, group_advantages, patch_for_cpu
 
 FATES = ("pushed", "dropped_stale", "failed", "untrainable", "truncated_masked", "dropped_unscored", "stopped")
 
@@ -189,7 +189,7 @@ def test_two_real_grpo_steps_in_both_modes_against_the_vllm_server_every_request
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trl_env import VLLMServerGenerator, make_rollout_func
-    from trl_env.integrations.episode_trainer import EpisodeGRPOTrainer
+    from trl_env.train.episode_trainer import EpisodeGRPOTrainer
 
     url, model_dir = vllm_history_server.base_url, vllm_history_server.model_dir
     tok = thinking_tokenizer(AutoTokenizer.from_pretrained(model_dir))

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from test_history import ReplyGenerator, check_rows
 
-from trl_env.processors import get_processor
+from trl_env.render.env_text import EnvText
+from trl_env.render.history import DeployedHistory
+from trl_env.render.processors import get_processor
 from trl_env.rollout import Budgets, batch_rollout
-from trl_env.rollout.env_text import EnvText
-from trl_env.rollout.history import DeployedHistory
 from trl_env.testing.tokenizers import load_tokenizer
 
 TURNS = 24

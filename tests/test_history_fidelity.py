@@ -20,9 +20,9 @@ from test_history_tools import TOOLS, ToolReplyGenerator, env_factory
 
 from trl_env import Generation
 from trl_env.backends.base import FinishReason, resolved
-from trl_env.calling.processor import ToolProcessor
-from trl_env.processors import from_tokenizer, get_processor
-from trl_env.processors.derived import render
+from trl_env.render.processors import from_tokenizer, get_processor
+from trl_env.render.processors.derived import render
+from trl_env.render.tools.processor import ToolProcessor
 from trl_env.rollout import Ending, batch_rollout
 from trl_env.rollout.episode import EnvText
 from trl_env.testing.templates import bos_eos, trl_template_tokenizer, trl_templates

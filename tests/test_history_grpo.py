@@ -13,9 +13,9 @@ from test_history import ReplyGenerator
 
 from trl_env import make_rollout_func
 from trl_env.errors import ConfigError
-from trl_env.integrations.episode_trainer import EpisodeGRPOTrainer, episode_advantages
-from trl_env.processors import from_tokenizer
+from trl_env.render.processors import from_tokenizer
 from trl_env.testing.tokenizers import official_template
+from trl_env.train.episode_trainer import EpisodeGRPOTrainer, episode_advantages
 
 NAN = float("nan")
 

@@ -15,11 +15,11 @@ from concurrent.futures import Future
 import pytest
 
 from trl_env import Generation
+from trl_env.adapters.tool_env import ToolEnv
 from trl_env.backends.base import FinishReason, resolved
-from trl_env.calling.env import ToolEnv
-from trl_env.calling.processor import ToolProcessor
 from trl_env.errors import ConfigError
-from trl_env.processors import get_processor
+from trl_env.render.processors import get_processor
+from trl_env.render.tools.processor import ToolProcessor
 from trl_env.rollout import Ending, batch_rollout
 from trl_env.testing.templates import trl_template_tokenizer
 from trl_env.testing.tokenizers import load_tokenizer

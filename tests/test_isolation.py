@@ -8,7 +8,7 @@ import pytest
 from helpers import CrashEnv, GuessEnv, InfoEnv, ScriptedGenerator
 
 from trl_env import Budgets, ConfigError, Ending, batch_rollout
-from trl_env.isolation import isolated
+from trl_env.rollout.isolation import isolated
 
 BUDGETS = Budgets(max_turns=2, max_new_tokens=4, max_completion_tokens=40)
 
@@ -128,7 +128,7 @@ def test_a_busy_worker_ends_with_the_trainer_process(tmp_path):
         "import sys, threading, time\n"
         f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
         "from helpers import CrashEnv\n"
-        "from trl_env.isolation import isolated\n"
+        "from trl_env.rollout.isolation import isolated\n"
         "if __name__ == '__main__':\n"
         "    env = isolated(CrashEnv)()\n"
         "    _, delta = env.reset('hang')\n"
@@ -180,7 +180,7 @@ def test_env_code_that_cannot_load_fails_every_episode_with_its_cause_once_and_l
 def test_stopped_workers_are_not_kept_alive_by_their_exit_hooks(tokenizer):
     import gc
 
-    from trl_env.isolation import _Worker
+    from trl_env.rollout.isolation import _Worker
 
     def workers():
         gc.collect()

@@ -14,8 +14,8 @@ from test_history import ReplyGenerator
 from test_history_grpo import FlakyTalkEnv, NumberedTalkEnv, thinking_tokenizer, thinks_by_episode
 
 from trl_env import ConfigError, env_reward, make_rollout_func
-from trl_env.integrations.episode_trainer import EpisodeGRPOTrainer
-from trl_env.processors import from_tokenizer
+from trl_env.render.processors import from_tokenizer
+from trl_env.train.episode_trainer import EpisodeGRPOTrainer
 
 LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "sapo", "luspo", "cispo", "vespo"]
 BUDGET = 300  # tokens per micro-batch: rows x padded length

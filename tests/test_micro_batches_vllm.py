@@ -11,8 +11,8 @@ from test_history_async import THINK_END_BIAS
 from test_history_grpo import FlakyTalkEnv, thinking_tokenizer
 
 from trl_env import VLLMServerGenerator, env_reward, make_rollout_func
-from trl_env.integrations.episode_trainer import EpisodeGRPOTrainer
-from trl_env.processors import from_tokenizer
+from trl_env.render.processors import from_tokenizer
+from trl_env.train.episode_trainer import EpisodeGRPOTrainer
 
 BUDGET = 240  # tokens per micro-batch (rows x padded length): a micro-step's rows take several
 

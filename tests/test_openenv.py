@@ -25,8 +25,8 @@ pytest.importorskip("openenv", reason="OpenEnv is not installed: pip install 'tr
 from helpers import SpyGenerator, assert_token_exact  # noqa: E402
 
 from trl_env import Budgets, ChatMLProcessor, ConfigError, Ending, EnvError, TransformersGenerator, batch_rollout  # noqa: E402
-from trl_env.integrations import openenv_schema  # noqa: E402
-from trl_env.integrations.openenv import OpenEnvAdapter, observation_to_text, seed_to_reset_kwargs  # noqa: E402
+from trl_env.adapters import openenv_schema  # noqa: E402
+from trl_env.adapters.openenv import OpenEnvAdapter, observation_to_text, seed_to_reset_kwargs  # noqa: E402
 
 EXAMPLES = Path(__file__).parent.parent / "experiment" / "examples"
 sys.path.insert(0, str(EXAMPLES))

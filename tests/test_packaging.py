@@ -50,7 +50,9 @@ def wheel_venv(tmp_path_factory):
 def test_the_wheel_installs_into_a_fresh_venv_imports_and_runs_its_cli(wheel_venv):
     wheel, python = wheel_venv
     assert wheel.name.startswith(f"trl_env-{project_version()}-")
-    code = "import trl_env, trl_env.sandbox, trl_env.integrations.episode_trainer; print(trl_env.__file__, trl_env.__version__)"  # noqa: E501
+    code = (
+        "import trl_env, trl_env.sandbox, trl_env.train.episode_trainer; print(trl_env.__file__, trl_env.__version__)"  # noqa: E501
+    )
     where, got = subprocess.run(
         [python, "-c", code], check=True, capture_output=True, text=True, cwd="/", env=CLEAN
     ).stdout.split()

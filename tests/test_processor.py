@@ -3,7 +3,7 @@
 import pytest
 
 from trl_env import ChatMLProcessor, ConfigError, Env, Processor, get_processor, split_reasoning
-from trl_env.processors.base import stop_token_ids
+from trl_env.render.processors.base import stop_token_ids
 
 
 def render_like_engine(processor, user_turns, assistant_turns):
@@ -91,7 +91,7 @@ def test_envs_work_by_explicit_subclassing_and_by_shape():
 
 
 def test_split_reasoning_and_parse_output_agree_on_the_last_closing_tag():
-    from trl_env.processors.base import parse_output
+    from trl_env.render.processors.base import parse_output
 
     text = "<think>plan</think> draft </think> 42"
     parsed = parse_output(text)

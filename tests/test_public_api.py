@@ -43,14 +43,14 @@ def test_public_api_is_pinned():
 def test_import_is_light():
     """``import trl_env`` (and what an env worker process imports) loads neither torch nor transformers.
 
-    Each isolated env's worker process imports ``trl_env.isolation``; a torch import there costs seconds of CPU
+    Each isolated env's worker process imports ``trl_env.rollout.isolation``; a torch import there costs seconds of CPU
     and hundreds of MB per worker. Only ``TransformersGenerator`` needs them, and it loads them when first used.
     """
     import subprocess
     import sys
 
     code = (
-        "import sys, trl_env, trl_env.isolation, trl_env.integrations.grpo\n"
+        "import sys, trl_env, trl_env.rollout.isolation, trl_env.train.grpo\n"
         "heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules)\n"
         "assert not heavy, heavy\n"
         "assert trl_env.TransformersGenerator.__name__ == 'TransformersGenerator'\n"

@@ -20,8 +20,8 @@ import reasoning_gym  # noqa: E402
 from helpers import ReplyGenerator  # noqa: E402
 
 from trl_env import Budgets, ChatMLProcessor, ConfigError, Ending, batch_rollout  # noqa: E402
-from trl_env.integrations import reasoning_gym as rg_module  # noqa: E402
-from trl_env.integrations.reasoning_gym import DATASET_SEED, ReasoningGymEnv, seed_to_index  # noqa: E402
+from trl_env.adapters import reasoning_gym as rg_module  # noqa: E402
+from trl_env.adapters.reasoning_gym import DATASET_SEED, ReasoningGymEnv, seed_to_index  # noqa: E402
 
 DATASETS = ["basic_arithmetic", "leg_counting", "chain_sum"]
 
@@ -53,7 +53,7 @@ def test_same_seed_same_question_and_distinct_seeds_mostly_distinct_questions(da
 def test_the_problem_is_the_same_in_another_process_and_importing_the_module_does_not_import_reasoning_gym():
     code = (
         "import json, sys\n"
-        "import trl_env.integrations.reasoning_gym as m\n"
+        "import trl_env.adapters.reasoning_gym as m\n"
         "assert 'reasoning_gym' not in sys.modules, 'importing the module imported reasoning_gym'\n"
         "print(json.dumps(m.ReasoningGymEnv('chain_sum').reset('group-3')[1]))\n"
     )
@@ -228,7 +228,7 @@ def test_trl_env_eval_runs_a_reasoning_gym_dataset_with_the_tiny_model(tmp_path,
     from trl_env.tools.cli import main
 
     out = tmp_path / "eval"
-    status = main(["eval", "--env", "trl_env.integrations.reasoning_gym:ReasoningGymEnv",
+    status = main(["eval", "--env", "trl_env.adapters.reasoning_gym:ReasoningGymEnv",
                    "--env-kwargs", json.dumps({"dataset": "chain_sum", "attempts": 2}), "--model", "tiny",
                    "--n", "2", "--max-turns", "2", "--max-new-tokens", "8", "--parse-truncated-turns",
                    "--out", str(out)])  # fmt: skip

@@ -348,7 +348,7 @@ def test_error_kinds_are_recorded(tokenizer):
 def test_each_turn_records_its_parse_status_and_the_trainer_logs_the_rates(tokenizer):
     from collections import defaultdict
 
-    from trl_env.integrations.grpo import log_metrics
+    from trl_env.train.grpo import log_metrics
 
     turns = ["<answer>4</answer><|im_end|>", "four<|im_end|>", "<think>hm</think><answer>5<|im_end|>"]
 

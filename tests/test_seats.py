@@ -271,9 +271,9 @@ def test_a_minimal_frozen_generators_session_wraps_the_games_too(tokenizer):
 def test_deployed_history_gives_each_seat_the_template_rendering_of_its_own_conversation():
     from test_history import ReplyGenerator as Replies
 
-    from trl_env.processors import get_processor
-    from trl_env.rollout.env_text import EnvText
-    from trl_env.rollout.history import DeployedHistory
+    from trl_env.render.env_text import EnvText
+    from trl_env.render.history import DeployedHistory
+    from trl_env.render.processors import get_processor
     from trl_env.testing.tokenizers import load_tokenizer
 
     tokenizer, processor = load_tokenizer("pypi:qwen3"), get_processor("qwen3")

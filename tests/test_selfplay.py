@@ -12,7 +12,7 @@ pytest.importorskip("textarena")
 
 from tests.helpers import train_grpo  # noqa: E402
 from trl_env import ChatMLProcessor, ConfigError, Ending, env_reward, make_rollout_func  # noqa: E402
-from trl_env.integrations.textarena_seats import TextArenaGame, random_move  # noqa: E402
+from trl_env.adapters.textarena_seats import TextArenaGame, random_move  # noqa: E402
 from trl_env.rollout import Rollout, Turn  # noqa: E402
 from trl_env.rollout.seated import seat_counts, seat_rates  # noqa: E402
 from trl_env.seats import POLICY, Seating  # noqa: E402
@@ -52,7 +52,7 @@ def test_episode_trainer_with_per_role_credit(tmp_path, model, tokenizer):
     from datasets import Dataset
     from trl import GRPOConfig
 
-    from trl_env.integrations.episode_trainer import EpisodeGRPOTrainer
+    from trl_env.train.episode_trainer import EpisodeGRPOTrainer
 
     rollout_func = make_rollout_func(SELF_PLAY, ChatMLProcessor(), credit="per_role", **OPTIONS)
     args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4, max_steps=2,
@@ -84,7 +84,7 @@ def test_trl_env_eval_reports_each_seat_against_a_fixed_random_opponent(tmp_path
     from trl_env.tools.cli import main
 
     out = tmp_path / "eval"
-    spec = "trl_env.integrations.textarena_seats"
+    spec = "trl_env.adapters.textarena_seats"
     status = main(["eval", "--env", f"{spec}:TextArenaGame", "--env-kwargs", json.dumps({"game": "TicTacToe-v0"}),
                    "--seats", f"{spec}:random_move,policy", "--model", "tiny", "--n", "3", "--max-turns", "3",
                    "--max-new-tokens", "6", "--parse-truncated-turns", "--out", str(out)])  # fmt: skip

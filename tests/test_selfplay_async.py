@@ -9,8 +9,8 @@ from test_async_grpo import answered_by, check_row, consume, make_worker
 from test_credit_async import record_pushes
 
 from trl_env import ConfigError
-from trl_env.advantages import ASYNC_RULE, group_advantages
 from trl_env.seats import POLICY, Seating
+from trl_env.train.advantages import ASYNC_RULE, group_advantages
 
 SELF_PLAY = Seating(SecretNim, (POLICY, POLICY))
 

@@ -1,4 +1,4 @@
-"""Issue 34 item 2: a seat played by a frozen copy of the policy (trl_env.integrations.snapshots.LoraSnapshots), a LoRA
+"""Issue 34 item 2: a seat played by a frozen copy of the policy (trl_env.train.snapshots.LoraSnapshots), a LoRA
 snapshot of the trained adapter served by the REAL vLLM CPU server next to the policy, refreshed every N steps; its
 moves are the snapshot's own samples, and it gives the trainer no row."""
 
@@ -16,11 +16,11 @@ from seat_games import SecretNim
 from test_async_grpo import Recorder
 
 from trl_env import ConfigError, VLLMServerGenerator, make_rollout_func
-from trl_env.integrations.snapshots import LoraSnapshots
-from trl_env.processors import from_tokenizer
+from trl_env.render.processors import from_tokenizer
 from trl_env.rollout import Budgets, Ending
 from trl_env.rollout.seated import play_seats
 from trl_env.seats import POLICY, Seating
+from trl_env.train.snapshots import LoraSnapshots
 
 MOVES: dict[str, list[tuple[int, str]]] = collections.defaultdict(list)  # per game seed: (seat, action), in order
 

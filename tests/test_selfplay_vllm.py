@@ -10,9 +10,9 @@ from seat_games import SecretNim
 from test_async_grpo import Recorder
 
 from trl_env import VLLMServerGenerator, env_reward, make_rollout_func
-from trl_env.integrations.episode_trainer import EpisodeGRPOTrainer
-from trl_env.processors import from_tokenizer
+from trl_env.render.processors import from_tokenizer
 from trl_env.seats import POLICY, Seating
+from trl_env.train.episode_trainer import EpisodeGRPOTrainer
 
 
 class Recording(EpisodeGRPOTrainer):

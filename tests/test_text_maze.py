@@ -11,7 +11,7 @@ import pytest
 
 from trl_env import ChatMLProcessor, Ending, Generation, batch_rollout
 from trl_env.backends.base import FinishReason
-from trl_env.credit import EpisodeCredit, GiGPO
+from trl_env.train.credit import EpisodeCredit, GiGPO
 
 EXAMPLES = Path(__file__).parent.parent / "experiment" / "examples"
 sys.path.insert(0, str(EXAMPLES))

@@ -12,8 +12,8 @@ pytest.importorskip("textarena")
 
 from tests.helpers import ReplyGenerator  # noqa: E402
 from trl_env import Budgets, ChatMLProcessor, Ending, batch_rollout  # noqa: E402
+from trl_env.adapters.textarena import TextArenaEnv  # noqa: E402
 from trl_env.errors import ConfigError  # noqa: E402
-from trl_env.integrations.textarena import TextArenaEnv  # noqa: E402
 
 GUESS = functools.partial(TextArenaEnv, "GuessTheNumber-v0")
 
@@ -117,7 +117,7 @@ def test_trl_env_eval_runs_a_textarena_game_with_the_tiny_model(tmp_path, capsys
     from trl_env.tools.cli import main
 
     out = tmp_path / "eval"
-    status = main(["eval", "--env", "trl_env.integrations.textarena:TextArenaEnv",
+    status = main(["eval", "--env", "trl_env.adapters.textarena:TextArenaEnv",
                    "--env-kwargs", json.dumps({"game": "GuessTheNumber-v0"}), "--model", "tiny", "--n", "2",
                    "--seed-format", "game-{i}", "--max-turns", "2", "--max-new-tokens", "8",
                    "--parse-truncated-turns", "--out", str(out)])  # fmt: skip

@@ -11,7 +11,7 @@ pytest.importorskip("textarena")
 
 from tests.helpers import ReplyGenerator, assert_token_exact  # noqa: E402
 from trl_env import Budgets, ChatMLProcessor, ConfigError, Ending  # noqa: E402
-from trl_env.integrations.textarena_seats import TextArenaGame  # noqa: E402
+from trl_env.adapters.textarena_seats import TextArenaGame  # noqa: E402
 from trl_env.rollout.seated import play_seats  # noqa: E402
 from trl_env.seats import POLICY, Seating  # noqa: E402
 

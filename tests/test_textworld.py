@@ -21,7 +21,7 @@ pytest.importorskip("textworld", reason="textworld is not installed: pip install
 from helpers import ReplyGenerator  # noqa: E402
 
 from trl_env import Budgets, ChatMLProcessor, ConfigError, Ending, batch_rollout  # noqa: E402
-from trl_env.integrations.textworld import REFUSAL, TextWorldEnv, sanitize_command  # noqa: E402
+from trl_env.adapters.textworld import REFUSAL, TextWorldEnv, sanitize_command  # noqa: E402
 
 SEEDS = ["game-0", "game-1", "game-2", "game-3"]
 
@@ -59,7 +59,7 @@ def test_the_same_seed_generates_the_same_game_in_another_process_and_importing_
     reference.reset("game-1")
     code = textwrap.dedent(f"""
         import hashlib, json, sys
-        import trl_env.integrations.textworld as m
+        import trl_env.adapters.textworld as m
         assert "textworld" not in sys.modules, "importing the module imported textworld"
         e = m.TextWorldEnv(cache_dir={str(tmp_path)!r})
         _, intro = e.reset("game-1")
@@ -129,7 +129,7 @@ def test_control_characters_that_crash_or_hang_jericho_are_removed(cache, tmp_pa
     # "\x0e" alone hangs it: run where that is survivable
     code = textwrap.dedent(f"""
         import json
-        from trl_env.integrations.textworld import TextWorldEnv
+        from trl_env.adapters.textworld import TextWorldEnv
         e = TextWorldEnv(cache_dir={cache!r})
         e.reset("game-0")
         texts = [e.step(c)[1] for c in ["look\\x0e", "\\x0e", "\\x00", "look\\x10\\x11\\x12", "look"]]
@@ -162,7 +162,7 @@ def test_sixteen_concurrent_resets_and_games_on_threads_in_a_fresh_process(cache
         env(cache).reset(seed)
     code = textwrap.dedent(f"""
         import json, sys, threading
-        from trl_env.integrations.textworld import TextWorldEnv
+        from trl_env.adapters.textworld import TextWorldEnv
         sys.setswitchinterval(1e-6)
         start, results = threading.Barrier(16), {{}}
         def play(i):
@@ -195,7 +195,7 @@ class CrashOnCommand(TextWorldEnv):
 
 
 def test_in_worker_processes_a_segfault_in_jericho_ends_only_its_episode(cache, tokenizer):
-    from trl_env.isolation import isolated
+    from trl_env.rollout.isolation import isolated
 
     walkthroughs = {}
     for seed in SEEDS[:3]:
@@ -223,7 +223,7 @@ def test_trl_env_eval_runs_textworld_with_the_tiny_model_in_worker_processes(cac
     from trl_env.tools.cli import main
 
     out = tmp_path / "eval"
-    status = main(["eval", "--env", "trl_env.integrations.textworld:TextWorldEnv",
+    status = main(["eval", "--env", "trl_env.adapters.textworld:TextWorldEnv",
                    "--env-kwargs", json.dumps({"cache_dir": cache, "max_steps": 3}), "--model", "tiny",
                    "--executor", "process", "--env-workers", "2", "--n", "2", "--seed-format", "game-{i}",
                    "--max-turns", "3", "--max-new-tokens", "8", "--parse-truncated-turns",

@@ -11,7 +11,7 @@ from datasets import Dataset
 from helpers import GuessEnv, ScriptedEnv
 from trl import GRPOConfig, GRPOTrainer
 
-import trl_env.integrations.grpo as glue
+import trl_env.train.grpo as glue
 from trl_env import ChatMLProcessor, ConfigError, Ending, env_reward, make_rollout_func
 
 
@@ -136,7 +136,7 @@ def test_rollout_func_returns_one_valid_row_per_prompt_in_order(model, tokenizer
 
 def test_failed_episodes_are_masked_out_and_unscored():
     from trl_env import Rollout
-    from trl_env.integrations.grpo import to_trl
+    from trl_env.train.grpo import to_trl
 
     failed = Rollout.single("s", [1], [5, 6], [-0.1, 0.0], [1, 0], (), None, Ending.ERROR, error="boom")
     out = to_trl([failed])
@@ -183,7 +183,7 @@ def test_conversational_prompts_use_the_last_user_message_as_seed():
 
 
 def test_options_come_grouped_or_flat_but_not_both():
-    from trl_env.integrations.options import EngineOptions, Limits
+    from trl_env.train.options import EngineOptions, Limits
 
     grouped = make_rollout_func(
         GuessEnv, ChatMLProcessor(), limits=Limits(max_turns=3), engine=EngineOptions(strict=True)

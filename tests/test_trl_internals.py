@@ -1,5 +1,5 @@
 """The TRL coupling: the tested range is the declared one, the internal features refuse any other TRL at construction,
-and the behaviour of every TRL internal trl-env relies on (trl_env/integrations/trl_internals.py) is pinned here, so
+and the behaviour of every TRL internal trl-env relies on (trl_env/train/trl_internals.py) is pinned here, so
 that a TRL change fails this file, not a training run."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from trl_env import ChatMLProcessor, ConfigError, env_reward, make_rollout_func
-from trl_env.integrations import trl_internals
-from trl_env.integrations.trl_internals import TESTED_TRL, TESTED_TRL_VERSIONS
+from trl_env.train import trl_internals
+from trl_env.train.trl_internals import TESTED_TRL, TESTED_TRL_VERSIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,8 +60,8 @@ def test_episode_trainer_and_async_worker_refuse_an_untested_trl_at_construction
     """Never an ImportError deep inside or a wrong advantage: a ConfigError naming both versions, before any work."""
     import trl
 
-    from trl_env.integrations.async_grpo import TrlEnvRolloutWorker
-    from trl_env.integrations.episode_trainer import EpisodeGRPOTrainer
+    from trl_env.train.async_grpo import TrlEnvRolloutWorker
+    from trl_env.train.episode_trainer import EpisodeGRPOTrainer
 
     func = make_rollout_func(GuessEnv, ChatMLProcessor(), generator=sampler(tokenizer))
     monkeypatch.setattr(trl, "__version__", version)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tests.helpers import ReplyGenerator
 from trl_env import Budgets, ChatMLProcessor, Ending, batch_rollout
-from trl_env.isolation import isolated
+from trl_env.rollout.isolation import isolated
 
 
 class PartialCreditEnv:
@@ -76,7 +76,7 @@ def test_env_facts_become_metrics_numbers_averaged_and_flags_as_rates(tokenizer)
     from collections import defaultdict
     from types import SimpleNamespace
 
-    from trl_env.integrations.grpo import log_metrics
+    from trl_env.train.grpo import log_metrics
 
     rollouts = run(tokenizer, PartialCreditEnv, ["4", "2", "4"], max_turns=2)
     rollouts[1].info["env"] = {"over": "won", "won": True, "moves": 2}
@@ -117,7 +117,7 @@ class GlobalRandomEnv:
 def test_serialized_envs_run_one_call_at_a_time_and_keep_their_seeds(tokenizer):
     import random
 
-    from trl_env.isolation import serialized
+    from trl_env.rollout.isolation import serialized
 
     GlobalRandomEnv.most = 0
     seeds = [str(i) for i in range(16)]
@@ -176,7 +176,7 @@ def test_an_episode_cut_on_its_first_turn_lets_a_truncatable_env_settle_its_rewa
 
 def test_the_async_worker_scores_an_episode_cut_on_its_first_turn(tokenizer, model):
     from trl_env import TransformersGenerator
-    from trl_env.integrations.async_grpo import TrlEnvRolloutWorker
+    from trl_env.train.async_grpo import TrlEnvRolloutWorker
 
     groups = []
     worker = TrlEnvRolloutWorker(

@@ -1,4 +1,4 @@
-"""verifiers 0.4 environments as agent programs (trl_env.integrations.verifiers), run the way verifiers runs them.
+"""verifiers 0.4 environments as agent programs (trl_env.adapters.verifiers), run the way verifiers runs them.
 
 The environments are real: a taskset and a multi-turn env built here (tests/vf_reply_tasks.py,
 tests/vf_dialogue_tasks.py) and verifiers' own bundled OpenEnv taskset against the OpenEnv echo server of
@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from trl_env import ConfigError, EnvError
+from trl_env.adapters import verifiers as vf_adapter
+from trl_env.adapters.verifiers import VerifiersProgram
 from trl_env.agents.run import AgentRun
-from trl_env.integrations import verifiers as vf_adapter
-from trl_env.integrations.verifiers import VerifiersProgram
 
 TESTS = Path(__file__).resolve().parent
 EXAMPLES = TESTS.parent / "experiment" / "examples"
@@ -188,7 +188,7 @@ def test_multi_turn_env_through_the_gateway_rows_token_exact_and_rewards_the_rub
 
     from trl_env import Budgets, VLLMServerGenerator, batch_rollout
     from trl_env.agents import agent_env_factory
-    from trl_env.processors import from_tokenizer
+    from trl_env.render.processors import from_tokenizer
     from trl_env.testing.templates import trl_templates
 
     tok = AutoTokenizer.from_pretrained(vllm_server.model_dir)

@@ -111,9 +111,9 @@ def train_agent(
     from trl import GRPOConfig
 
     from trl_env import env_reward, make_rollout_func
-    from trl_env.integrations.episode_trainer import EpisodeGRPOTrainer
-    from trl_env.processors import from_tokenizer
+    from trl_env.render.processors import from_tokenizer
     from trl_env.testing.templates import trl_templates
+    from trl_env.train.episode_trainer import EpisodeGRPOTrainer
 
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--model", default="smollm2", help="'smollm2' (offline default), 'tiny', or a path/hub id")

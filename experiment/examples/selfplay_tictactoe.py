@@ -15,8 +15,8 @@ Run:      python experiment/examples/selfplay_tictactoe.py --save               
           python experiment/examples/selfplay_tictactoe.py --model tiny --steps 2  # smoke run, seconds
           python experiment/examples/selfplay_tictactoe.py --vllm-server URL --frozen-every 10  # `vllm serve MODEL
             --enable-lora --max-lora-rank 8` with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (docs/selfplay.md)
-Measure:  trl-env eval --env trl_env.integrations.textarena_seats:TextArenaGame --env-kwargs '{"game": "TicTacToe-v0"}'
-            --seats policy,trl_env.integrations.textarena_seats:random_move --model outputs/selfplay_tictactoe/model
+Measure:  trl-env eval --env trl_env.adapters.textarena_seats:TextArenaGame --env-kwargs '{"game": "TicTacToe-v0"}'
+            --seats policy,trl_env.adapters.textarena_seats:random_move --model outputs/selfplay_tictactoe/model
             --system-prompt "$(python -c 'import selfplay_tictactoe as s; print(s.SYSTEM_PROMPT)')" --n 200 ...
           (and --seats random_move,policy for the other seat; docs/selfplay.md: full commands, what was measured)
 """
@@ -30,7 +30,7 @@ import sys
 import time
 
 from trl_env import ChatMLProcessor
-from trl_env.integrations.textarena_seats import TextArenaGame
+from trl_env.adapters.textarena_seats import TextArenaGame
 from trl_env.seats import POLICY, Seating
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # experiment/
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     from trl import GRPOConfig
 
     from trl_env import env_reward, make_rollout_func
-    from trl_env.integrations.episode_trainer import EpisodeGRPOTrainer
+    from trl_env.train.episode_trainer import EpisodeGRPOTrainer
 
     parser = example_parser(__doc__, name="selfplay_tictactoe", steps=30)
     parser.add_argument("--save", action="store_true", help="save the trained model under --out/model")
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         from peft import LoraConfig
 
         from trl_env import VLLMServerGenerator
-        from trl_env.integrations.snapshots import LoraSnapshots
+        from trl_env.train.snapshots import LoraSnapshots
 
         snapshots = LoraSnapshots(VLLMServerGenerator(args.vllm_server, temperature=1.0), every=args.frozen_every,
                                   adapter_dir=os.path.join(args.out, "frozen"))  # fmt: skip

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 from trl_env.backends import FinishReason, Generation, GenerationRequest, Generator, VLLMServerGenerator
 from trl_env.env import Action, Delta, Env, Language, Seed
 from trl_env.errors import ConfigError, EnvError, ProcessorError, ServerError, TrlEnvError
-from trl_env.integrations.grpo import env_reward, make_rollout_func, to_trl
-from trl_env.processors import PROCESSORS, ChatMLProcessor, from_tokenizer, get_processor
-from trl_env.processors.base import Processor, split_reasoning
+from trl_env.render.processors import PROCESSORS, ChatMLProcessor, from_tokenizer, get_processor
+from trl_env.render.processors.base import Processor, split_reasoning
 from trl_env.rollout import Budgets, Ending, Rollout, Turn, batch_rollout
+from trl_env.train.grpo import env_reward, make_rollout_func, to_trl
 
 if TYPE_CHECKING:
     from trl_env.backends.transformers import TransformersGenerator

@@ -54,7 +54,7 @@ class Env(Protocol):
     facts (a game-over reason, won/lost, per-attempt scores): read after each call, its last value is
     ``Rollout.info["env"]`` (values JSON cannot hold are written as their ``repr``). Env code runs on
     worker threads, several episodes at once: guard state shared between instances (the global
-    ``random``, a parser) with a lock, or run envs in processes (``trl_env.isolation``).
+    ``random``, a parser) with a lock, or run envs in processes (``trl_env.rollout.isolation``).
 
     Example::
 

@@ -1,5 +1,5 @@
-"""Kept import path: ``from trl_env.openenv import OpenEnvAdapter`` (the code lives in trl_env.integrations.openenv)."""
+"""Kept import path: ``from trl_env.openenv import OpenEnvAdapter`` (the code lives in trl_env.adapters.openenv)."""
 
-from trl_env.integrations.openenv import OpenEnvAdapter
+from trl_env.adapters.openenv import OpenEnvAdapter
 
 __all__ = ["OpenEnvAdapter"]

@@ -3,7 +3,7 @@
 Each seat the policy plays is its own episode of ``batch_rollout`` (its own conversation, rows and reward), seen
 through a ``SeatEnv``; the seat episodes of one game share a ``Match``, which hands the turn from seat to seat: a
 seat's ``step`` returns when that seat is to move again or the game ended. ``trl_env.rollout.seated.play_seats``
-runs them. docs/selfplay.md has the protocol, the failure rules and per-role credit (``trl_env.credit.PerRole``).
+runs them. docs/selfplay.md has the protocol, the failure rules and per-role credit (``trl_env.train.credit.PerRole``).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class Frozen:
     The seat is an episode like a policy seat's (its own conversation, the same processor, budgets and history) in an
     engine of its own that samples with ``generator``; ``play_seats`` drops its rollout once the game is over, so it
     never reaches the loss or a group statistic. A failed or cut frozen episode ends its game as a policy seat's does.
-    ``trl_env.integrations.snapshots.LoraSnapshots(...).seat`` is the frozen copy of the policy: a LoRA snapshot of
+    ``trl_env.train.snapshots.LoraSnapshots(...).seat`` is the frozen copy of the policy: a LoRA snapshot of
     the trained adapter, served by the same vLLM server and refreshed every N steps (docs/selfplay.md).
     """
 

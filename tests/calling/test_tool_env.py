@@ -12,12 +12,12 @@ import pytest
 
 from tests.helpers import ReplyGenerator, assert_token_exact
 from trl_env import Ending, batch_rollout
-from trl_env.calling import ToolCall, ToolCalls, ToolResults
-from trl_env.calling.env import ToolEnv, TrlEnvironment
-from trl_env.calling.processor import ToolProcessor
+from trl_env.adapters.tool_env import ToolEnv, TrlEnvironment
 from trl_env.errors import ConfigError
-from trl_env.integrations.grpo import log_metrics
+from trl_env.render.tools import ToolCall, ToolCalls, ToolResults
+from trl_env.render.tools.processor import ToolProcessor
 from trl_env.testing.templates import trl_templates
+from trl_env.train.grpo import log_metrics
 
 
 def add(a: int, b: int) -> int:
@@ -358,7 +358,7 @@ def test_real_qwen_tokenizer_parses_its_own_calls():
 
 def test_tool_envs_run_in_worker_processes_with_the_same_rollouts(tokenizer):
     """ToolCalls and ToolResults cross the process boundary with their calls and results."""
-    from trl_env.isolation import isolated
+    from trl_env.rollout.isolation import isolated
 
     tok = qwen_tokenizer(tokenizer)
     processor = ToolProcessor.from_tokenizer(tok, TOOLS)

@@ -21,11 +21,11 @@ import json
 import pytest
 from trl.chat_template_utils import supports_tool_calling
 
-from trl_env.calling import ToolResult, ToolResults
-from trl_env.calling.processor import ToolProcessor
 from trl_env.errors import ProcessorError
-from trl_env.processors.base import ParseStatus
-from trl_env.processors.derived import first_difference
+from trl_env.render.processors.base import ParseStatus
+from trl_env.render.processors.derived import first_difference
+from trl_env.render.tools import ToolResult, ToolResults
+from trl_env.render.tools.processor import ToolProcessor
 from trl_env.testing.templates import trl_template_tokenizer, trl_templates
 
 

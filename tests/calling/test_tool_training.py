@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from tests.helpers import ReplyGenerator
-from trl_env.calling import ToolCall, ToolCalls, ToolResults
+from trl_env.render.tools import ToolCall, ToolCalls, ToolResults
 
 EXAMPLES = Path(__file__).parent.parent.parent / "experiment" / "examples"
 sys.path.insert(0, str(EXAMPLES))

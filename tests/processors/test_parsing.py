@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trl_env import get_processor
-from trl_env.processors import PROCESSORS
-from trl_env.processors.base import ParseStatus, parse_output
+from trl_env.render.processors import PROCESSORS
+from trl_env.render.processors.base import ParseStatus, parse_output
 
 NAMES = list(PROCESSORS)
 CLOSED = {n for n in NAMES if n.endswith("_no_thinking")} | {"gemma4"}

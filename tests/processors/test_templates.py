@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from trl_env.processors import from_tokenizer, get_processor
-from trl_env.processors.derived import history_stop
+from trl_env.render.processors import from_tokenizer, get_processor
+from trl_env.render.processors.derived import history_stop
 from trl_env.testing.templates import DERIVED_ONLY, NAMED_TEMPLATES, VISION_ONLY, trl_template_tokenizer, trl_templates
 
 TEMPLATES = sorted(trl_templates())

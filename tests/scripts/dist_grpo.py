@@ -25,9 +25,9 @@ from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_env import ChatMLProcessor, env_reward, make_rollout_func
-from trl_env.credit import EpisodeCredit
-from trl_env.integrations.episode_trainer import EpisodeGRPOTrainer
 from trl_env.testing import build_tiny_model, build_tiny_tokenizer
+from trl_env.train.credit import EpisodeCredit
+from trl_env.train.episode_trainer import EpisodeGRPOTrainer
 
 
 class Echo:
@@ -74,7 +74,7 @@ class RowRecording(EpisodeGRPOTrainer):
     steps: list[dict] = []
 
     def _prepare_inputs(self, generation_batch):
-        from trl_env.integrations.micro_batches import trained_tokens
+        from trl_env.train.micro_batches import trained_tokens
 
         before = self._row_steps
         out = super()._prepare_inputs(generation_batch)
@@ -89,7 +89,7 @@ class RowRecording(EpisodeGRPOTrainer):
         return out
 
     def _generate_and_score_completions(self, inputs):
-        from trl_env.integrations.micro_batches import REAL_ROW
+        from trl_env.train.micro_batches import REAL_ROW
 
         out = super()._generate_and_score_completions(inputs)
         self.real_rows = int(out[REAL_ROW].sum())
@@ -102,7 +102,7 @@ def deployed(out_path: str) -> None:
     from test_history import ReplyGenerator
     from test_history_grpo import FlakyTalkEnv, NumberedTalkEnv, thinking_tokenizer, thinks_by_episode
 
-    from trl_env.processors import from_tokenizer
+    from trl_env.render.processors import from_tokenizer
 
     rank = int(os.environ.get("RANK", "0"))
     FlakyTalkEnv.count = rank  # other env numbers, so other rows per episode, on process 1

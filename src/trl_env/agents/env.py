@@ -22,7 +22,7 @@ from trl_env.agents.run import AgentProgram, AgentRun
 from trl_env.agents.wire import ChatCall, tool_choice_unmet
 from trl_env.env import Delta, Env, RowSeed, Seed
 from trl_env.errors import AgentError, ConfigError, EpisodeFailure
-from trl_env.rollout.chat import ChatRequest, Reply
+from trl_env.render.chat import ChatRequest, Reply
 
 __all__ = ["AgentEnv", "AgentEnvFactory", "agent_env_factory"]
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from trl_env.agents.wire import ChatCall, WireError, answer_body, error_body, parse_request
 from trl_env.errors import ConfigError
-from trl_env.rollout.chat import Reply
+from trl_env.render.chat import Reply
 
 __all__ = ["Gateway", "Pending", "Session", "local_gateway", "shared_gateway"]
 

@@ -18,7 +18,7 @@ import httpx
 
 from trl_env.agents.gateway import STREAM_HEADERS, Gateway, Session, local_gateway
 from trl_env.agents.wire import ChatCall, WireError, error_body
-from trl_env.rollout.chat import Reply
+from trl_env.render.chat import Reply
 
 __all__ = ["AsyncLocalTransport", "LocalTransport", "local_async_client", "local_client"]
 

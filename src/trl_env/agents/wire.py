@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from trl_env.rollout.chat import Reply, wire_message
+from trl_env.render.chat import Reply, wire_message
 
 __all__ = ["ChatCall", "WireError", "answer_body", "error_body", "parse_request", "tool_choice_unmet"]
 

@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trl_env.backends.base import FinishReason, Generation
-from trl_env.calling.processor import ToolProcessor
-from trl_env.calling.types import ToolResults
 from trl_env.env import Closable, Env, Seed, Truncatable, check_result
 from trl_env.errors import ConfigError, EnvError, EpisodeFailure, ProcessorError
-from trl_env.processors.base import FamilyProcessor, Processor
-from trl_env.rollout.chat import ChatHistories, ChatRequest, Reply, normalize
-from trl_env.rollout.env_text import EnvText, call
-from trl_env.rollout.history import Conversation, DeployedHistory
+from trl_env.render.chat import ChatHistories, ChatRequest, Reply, normalize
+from trl_env.render.env_text import EnvText, call
+from trl_env.render.history import Conversation, DeployedHistory
+from trl_env.render.processors.base import FamilyProcessor, Processor
+from trl_env.render.tools.processor import ToolProcessor
+from trl_env.render.tools.types import ToolResults
 
 
 @dataclass(frozen=True)

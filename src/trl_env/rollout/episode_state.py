@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from trl_env.backends.base import FinishReason, Generation, GenerationRequest, Generator, check_request_sampling
 from trl_env.env import Env, Seed
-from trl_env.rollout.chat import SamplingEnv
-from trl_env.rollout.history import Conversation
+from trl_env.render.chat import SamplingEnv
+from trl_env.render.history import Conversation
 from trl_env.rollout.records import Budgets, Ending, Rollout, Row, Turn
 
 if TYPE_CHECKING:

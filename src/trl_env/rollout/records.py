@@ -1,6 +1,6 @@
 """What an episode produces: ``Turn`` and ``Rollout`` records, their ``Ending``, and the ``Budgets`` that bound them.
 
-All are frozen dataclasses; the engine builds them and ``trl_env.integrations.grpo`` converts them to TRL's dict.
+All are frozen dataclasses; the engine builds them and ``trl_env.train.grpo`` converts them to TRL's dict.
 """
 
 from __future__ import annotations
@@ -72,11 +72,11 @@ class Turn:
     generation_s: float
     env_s: float
     parse_status: str | None = None
-    """How the family processor read the turn (``trl_env.processors.base.ParseStatus`` value: ``ok``,
+    """How the family processor read the turn (``trl_env.render.processors.base.ParseStatus`` value: ``ok``,
     ``cut_in_reasoning``, ``no_action_marker``, ``unclosed_action``); ``None`` when not parsed or for
     processors that report none."""
     tool_calls: tuple[tuple[str, bool], ...] = ()
-    """(tool name, succeeded) for each tool result the env answered this turn with (``trl_env.calling``)."""
+    """(tool name, succeeded) for each tool result the env answered this turn with (``trl_env.render.tools``)."""
     policy: str | None = None
     """The weights that sampled this turn (``Generation.policy``: the served model or LoRA adapter the request
     named), ``None`` where the backend does not say. Turns of one episode can differ across a weight sync."""

@@ -244,7 +244,7 @@ class Exact:
 
 def sample_group(exact: Exact, size: int, rng: random.Random) -> tuple[list[Any], list[list[float]]]:
     """``size`` episodes from ``exact``'s policy: their ``EpisodeCredit`` and each turn's exact advantage."""
-    from trl_env.credit import EpisodeCredit
+    from trl_env.train.credit import EpisodeCredit
 
     task, moves = exact.task, list(exact.policy)
     weights = [exact.policy[m] for m in moves]
@@ -273,7 +273,7 @@ def credit_quality(
     and the GiGPO anchor statistics of the sampled groups (``credit_metrics``'s ``anchor_groups`` per group and
     ``anchored_turn_frac``). The same groups go to every estimator; no model, seconds.
     """
-    from trl_env.credit import credit_metrics
+    from trl_env.train.credit import credit_metrics
 
     exact, rng = Exact(task), random.Random(seed)
     sampled = [sample_group(exact, size, rng) for _ in range(groups)]

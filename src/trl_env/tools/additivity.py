@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from trl_env.processors.base import FamilyProcessor
-from trl_env.processors.derived import first_difference, history_stop, render
+from trl_env.render.processors.base import FamilyProcessor
+from trl_env.render.processors.derived import first_difference, history_stop, render
 
 _WORDS = (
     "the a guess number higher lower correct try again answer is my your move left right up down step "

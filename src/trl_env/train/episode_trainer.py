@@ -1,0 +1,372 @@
+"""Several training rows per episode for ``GRPOTrainer``: ``EpisodeGRPOTrainer`` and the per-episode group statistics.
+
+With ``history="deployed"`` an episode gives one row per turn whose context the template rewrote (docs/history.md).
+TRL 1.16's ``rollout_func`` takes one row per prompt, so this subclass scores the *episodes* (reward functions,
+failed episodes left out, TRL's group statistics over episodes) and then hands TRL the rows, each carrying its
+episode's advantage. Follows ``GRPOTrainer._generate_and_score_completions`` (``trl/trainer/grpo_trainer.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from trl import GRPOTrainer
+
+from trl_env.errors import ConfigError
+from trl_env.rollout import History, Rollout
+from trl_env.train.advantages import GRPO_RULE, group_normalise, nan_std
+from trl_env.train.credit import (
+    CreditEstimator,
+    EpisodeCredit,
+    credit_estimator,
+    credit_metrics,
+    estimate,
+    token_advantages,
+)
+from trl_env.train.grpo import RolloutFunction, env_reward
+from trl_env.train.micro_batches import (
+    REAL_ROW,
+    MicroStep,
+    check_micro_batches,
+    micro_step_loss,
+    plan_micro_steps,
+)
+from trl_env.train.trl_internals import (
+    calculate_rewards,
+    loss_extras,
+    metric_lists,
+    micro_step_index,
+    replace_logged_advantages,
+    require_tested_trl,
+    scoring_rows,
+    spread_pending_extras,
+    sync_weights_once_per_step,
+    tokenizer_of,
+    trl_compute_loss,
+    trl_prepare_inputs,
+)
+from trl_env.train.trl_output import to_trl_rows
+
+__all__ = ["EpisodeGRPOTrainer", "env_reward_columns", "episode_advantages"]
+
+
+def weighted_rewards(rewards_per_func: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """TRL's weighted reward per episode, ``sum_k w_k R_k`` over the functions that scored it; NaN where none did."""
+    rewards = (rewards_per_func * weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
+    rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+    return rewards
+
+
+def episode_advantages(
+    rewards_per_func: torch.Tensor,
+    weights: torch.Tensor,
+    num_generations: int,
+    *,
+    scale_rewards: str = "group",
+    aggregation: str = "sum_then_normalize",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One advantage per episode, exactly as TRL 1.16 computes one per completion (``_generate_and_score_completions``).
+
+    ``rewards_per_func`` is (episodes, reward functions), NaN where a function gave ``None``; an episode with every
+    entry NaN (a failed one) is out of its group's mean and std and gets advantage 0. Consecutive ``num_generations``
+    episodes form a group. Returns the advantages and the weighted rewards (NaN for unscorable episodes).
+    """
+    weights = weights.to(rewards_per_func.device)
+    if aggregation == "sum_then_normalize":
+        rewards = weighted_rewards(rewards_per_func, weights)
+        by_group = rewards.view(-1, num_generations)
+        if scale_rewards == "batch":
+            std = nan_std(rewards).expand_as(rewards) if rewards.numel() > 1 else torch.zeros_like(rewards)
+            advantages = group_normalise(by_group, GRPO_RULE, scale=False).flatten() / (std + GRPO_RULE.eps)
+        else:
+            advantages = group_normalise(by_group, GRPO_RULE, scale=scale_rewards != "none").flatten()
+    elif aggregation == "normalize_then_sum":
+        grouped = rewards_per_func.view(-1, num_generations, rewards_per_func.size(1))
+        reward_k = group_normalise(grouped, GRPO_RULE).view(-1, rewards_per_func.size(1))  # each function's own
+        rewards = (reward_k * weights.unsqueeze(0)).nansum(dim=1)
+        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        std = nan_std(rewards).expand_as(rewards) if rewards.numel() > 1 else torch.zeros_like(rewards)
+        advantages = (rewards - torch.nanmean(rewards)) / (std + GRPO_RULE.eps)
+    else:
+        raise ConfigError(f"multi_objective_aggregation={aggregation!r}: expected 'sum_then_normalize' or "
+                          "'normalize_then_sum'.")  # fmt: skip
+    return torch.nan_to_num(advantages, nan=0.0), rewards
+
+
+def env_reward_columns(reward_funcs: Sequence[Any]) -> list[int]:
+    """The positions of ``trl_env.env_reward`` in ``reward_funcs``, whose scores per-turn credit reads turn by turn.
+
+    ``env_reward`` is found as itself, as a ``functools.partial`` of it and as a function that wraps it with
+    ``functools.wraps`` (any nesting of these); ``_check_env_reward_scores`` then checks that it scored the env's
+    rewards. Any other reward function judges the whole episode: its score is earned at the last turn.
+
+    Raises:
+        ConfigError: for a reward function named ``env_reward`` that is not trl_env's (a copy, or one of your own),
+            which would otherwise silently put the env's reward on the last turn.
+    """
+    columns = []
+    for i, func in enumerate(reward_funcs):
+        inner = _unwrapped(func)
+        if inner is env_reward:
+            columns.append(i)
+        elif getattr(inner, "__name__", None) == "env_reward":
+            raise ConfigError(
+                f"reward_funcs[{i}] is named env_reward but is not trl_env.env_reward ({inner!r:.80}): per-turn "
+                "credit reads the env's reward turn by turn only from trl_env.env_reward (itself, a functools.partial "
+                "of it or a functools.wraps wrapper of it); any other reward function is earned at the episode's last "
+                "turn. Pass trl_env.env_reward itself, or give yours another name if it judges the whole episode."
+            )
+    return columns
+
+
+def _unwrapped(func: Any) -> Any:
+    """``func`` without its ``functools.partial`` and ``functools.wraps`` layers."""
+    while True:
+        func = inspect.unwrap(func)
+        if not isinstance(func, functools.partial):
+            return func
+        func = func.func
+
+
+def _check_env_reward_scores(
+    rewards_per_func: torch.Tensor, columns: Sequence[int], rollouts: Sequence[Rollout], names: Sequence[str]
+) -> None:
+    """Refuse an ``env_reward`` wrapper that changed the env's rewards: how it did, per turn, credit cannot know."""
+    expected = torch.tensor([math.nan if r.reward is None else r.reward for r in rollouts], dtype=torch.float64)
+    for i in columns:
+        got = rewards_per_func[:, i].detach().to("cpu", torch.float64)
+        differs = ~torch.isclose(got, expected, rtol=1e-5, atol=1e-6, equal_nan=True)  # TRL's scores are float32
+        if differs.any():
+            k = int(differs.nonzero()[0])
+            raise ConfigError(
+                f"reward function {names[i]!r} (reward_funcs[{i}]) wraps trl_env.env_reward but scored episode {k} "
+                f"as {got[k].item():g} where the env's reward is {expected[k].item():g}: per-turn credit spreads "
+                "env_reward's score over the turns as env.reward changed, and cannot tell how your wrapper changed "
+                "it. Pass trl_env.env_reward itself and weight it with GRPOConfig(reward_weights=...), or make yours "
+                "a reward function of its own (another name, not functools.wraps or partial of env_reward): its "
+                "score is then earned at the episode's last turn."
+            )
+
+
+def _mean_on(values: Sequence[float], mask: Sequence[int]) -> float:
+    """The mean of ``values`` where ``mask`` is 1 (0.0 where it is nowhere)."""
+    kept = [v for v, m in zip(values, mask, strict=True) if m]
+    return sum(kept) / len(kept) if kept else 0.0
+
+
+class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
+    """``GRPOTrainer`` for episodes of several rows (``history="deployed"``); same arguments, same results otherwise.
+
+    Takes a ``rollout_func`` from ``make_rollout_func``. For each generation batch it runs the episodes, then:
+
+    1. scores each *episode* with the reward functions (they see the episode: its keys ``env_reward``,
+       ``env_ending``, ``env_turns``, and as its completion the text of all its rows' completions, every sampled
+       token once); failed episodes are out of the group statistics, as with ``GRPOTrainer``;
+    2. computes one advantage per episode with TRL's own rule (``scale_rewards``, ``multi_objective_aggregation``,
+       reward weights): each episode counts once in its group's mean and std, however many rows it has;
+    3. hands TRL the rows (``to_trl_rows``), each with its episode's advantage. TRL computes old and reference
+       logprobs, importance-sampling ratios and the loss per row as usual.
+
+    Each sampled token is in exactly one row, so token-level losses (``dapo``, the default, ``bnpo``, ``cispo``,
+    ``vespo``) weigh every trained token as ``history="sampled"`` does, only in its deployed context. ``grpo`` and
+    ``sapo`` average per row, so an episode of k rows weighs k times; ``dr_grpo`` divides by rows x
+    ``max_completion_length``; ``luspo`` sums per row. With ``history="deployed"`` the rows go to the
+    optimizer in micro-batches of at most ``max_micro_batch_tokens`` tokens (rows x padded length; default
+    ``per_device_train_batch_size`` rows), however many rows the episodes have, each normalised as one batch of its
+    optimizer step's rows on every process would be (``trl_env.train.micro_batches``); the padding rows that
+    give every process the same number of rows count in no denominator. ``history="sampled"`` trains exactly as
+    ``GRPOTrainer`` does.
+
+    With ``make_rollout_func(..., credit=...)`` other than ``"episode"`` (docs/credit.md), step 2 gives each *turn*
+    its advantage and TRL receives them per token, shape (rows, completion length): each model token gets its
+    turn's, env and padding tokens 0. TRL's loss multiplies advantages per token for every loss type, so ``grpo``,
+    ``dapo``, ``dr_grpo``, ``bnpo`` and the others weigh tokens exactly as above. The turn rewards: each turn earns
+    ``w`` x the change of ``env.reward`` over its step, ``w`` the weight of ``env_reward`` among ``reward_funcs``
+    (a ``functools.partial`` or ``wraps`` of it counts: ``env_reward_columns``; 0 if absent); the rest of the
+    episode's weighted reward (``sum_k w_k R_k``, TRL's) goes to its last turn, so other reward functions, which
+    judge whole episodes, are earned at the end, and the turn rewards always sum to
+    the reward TRL would use. A named estimator takes the trainer's ``scale_rewards`` (``"group"`` or ``"none"``);
+    ``"batch"`` and ``multi_objective_aggregation="normalize_then_sum"`` are refused (they normalise episodes, not
+    turns). Failed episodes get 0 everywhere and stay out of every statistic. Logged under ``credit/``:
+    ``trl_env.train.credit.credit_metrics``.
+    """
+
+    def __init__(self, *args: Any, max_micro_batch_tokens: int | None = None, **kwargs: Any) -> None:
+        require_tested_trl("EpisodeGRPOTrainer")  # it drives TRL's private _generate_and_score_completions
+        super().__init__(*args, **kwargs)
+        func = self.rollout_func
+        credit = func.credit if isinstance(func, RolloutFunction) else "episode"  # not one: refused at the first step
+        self._row_steps: list[MicroStep] | None = None
+        self._max_micro_batch_tokens = max_micro_batch_tokens
+        self._bounded_rows = isinstance(func, RolloutFunction) and func.options.engine.history is not History.SAMPLED
+        if self._bounded_rows:
+            config: Any = self.args  # a GRPOConfig
+            check_micro_batches(config.steps_per_generation, config.gradient_accumulation_steps,
+                                max_micro_batch_tokens, loss_extras(self))  # fmt: skip
+        if credit != "episode":
+            env_reward_columns(self.reward_funcs)  # a function named env_reward that is not trl_env's: refused now
+            if self.multi_objective_aggregation != "sum_then_normalize":
+                raise ConfigError(
+                    f"multi_objective_aggregation={self.multi_objective_aggregation!r} with credit={credit!r}: "
+                    "per-turn credit needs one reward per episode to spread over its turns; use 'sum_then_normalize'."
+                )
+            if self.scale_rewards not in ("group", "none"):
+                raise ConfigError(
+                    f"scale_rewards={self.scale_rewards!r} with credit={credit!r}: the credit estimators normalise "
+                    "within a group; use scale_rewards='group' or 'none'."
+                )
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        trainer: Any = self  # TRL is untyped
+        func = self.rollout_func
+        if not isinstance(func, RolloutFunction):
+            raise ConfigError(f"EpisodeGRPOTrainer needs rollout_func=make_rollout_func(...), got {func!r:.80}.")
+        mode = "train" if trainer.model.training else "eval"
+        prompts = [x["prompt"] for x in inputs]
+        sync_weights_once_per_step(self)
+        rollouts = func.rollouts(inputs, self)  # whole rows: each seed carries its row (``RowSeed``, AgentRun.extra)
+        advantages, rewards_per_func = self._score_episodes(inputs, prompts, rollouts, mode)  # every process's
+        start = self.accelerator.process_index * len(rollouts)  # this process's episodes, in TRL's gathered order
+        local = slice(start, start + len(rollouts))
+        generations = "num_generations" if mode == "train" else "num_generations_eval"
+        group = getattr(self, generations)
+        per_token = None
+        if func.credit != "episode":
+            per_token = self._turn_credit(func.credit, rollouts, rewards_per_func, group, mode, local)
+        output_rows, episode = to_trl_rows(rollouts, mask_truncated=func.mask_truncated)
+        rows: dict[str, list[Any]] = dict(output_rows)  # type: ignore[arg-type]  # every value is a list
+        pad = 0  # several processes: every one gets the most rows of any (TRL gathers rows), in no denominator
+        if self._bounded_rows and self.accelerator.num_processes > 1:
+            counts = self.accelerator.gather(torch.tensor([len(episode)], device=self.accelerator.device))
+            pad = int(counts.max()) - len(episode)
+        for values in rows.values():  # fully masked copies of the last row
+            values.extend([values[-1]] * pad)
+        rows["env_mask"][len(episode) :] = [[0] * len(m) for m in rows["env_mask"][len(episode) :]]
+        episode += [-1] * pad
+        row_inputs = [dict(inputs[e]) for e in episode]
+        mine, my_rewards = advantages[local], rewards_per_func[local]
+        row_advantages = torch.stack([mine[e] if e >= 0 else mine.new_zeros(()) for e in episode])
+        row_rewards = torch.stack([my_rewards[e] if e >= 0 else my_rewards[0] * torch.nan for e in episode])
+        row_rewards = self.accelerator.gather(row_rewards)  # TRL's _calculate_rewards returns every process's rows
+        if per_token is not None:  # a row's logged advantage: the mean over its model tokens
+            row_advantages = torch.tensor([_mean_on(a, m) for a, m in zip(per_token, rows["env_mask"], strict=False)]
+                                          + [0.0] * pad)  # fmt: skip
+        spread_pending_extras(self, episode)  # log_extra values came per episode: TRL logs them beside each row
+        with scoring_rows(self, rows, row_rewards, generations):  # TRL's own statistics are replaced below
+            output = super()._generate_and_score_completions(row_inputs)
+        output["advantages"] = row_advantages.to(output["advantages"].device)
+        if self._bounded_rows:  # the micro-batches leave padding rows out of every denominator
+            output[REAL_ROW] = torch.tensor([e >= 0 for e in episode], device=output["advantages"].device)
+        if per_token is not None:  # (rows, completion length): each model token its turn's advantage, the rest 0
+            table = torch.zeros(output["completion_ids"].shape, dtype=torch.float32)
+            for i, values in enumerate(per_token):
+                table[i, : len(values)] = torch.tensor(values, dtype=torch.float32)
+            output["advantages"] = table.to(output["advantages"].device)
+        every = self.accelerator.gather(row_advantages.to(rewards_per_func.device)).tolist()  # every process's rows
+        replace_logged_advantages(self, every)
+        self._log_episode_stats(mode, advantages, rewards_per_func, group)
+        return output  # type: ignore[no-any-return]  # trl is untyped
+
+    def _prepare_inputs(self, generation_batch: Any) -> Any:
+        """TRL's micro-batch for the step; with deployed rows a ``MicroStep`` of token-bounded chunks.
+
+        As TRL does, the batch is generated and scored every ``steps_per_generation`` x ``num_iterations``
+        micro-steps; its real rows are dealt into ``steps_per_generation`` micro-steps (``plan_micro_steps``).
+        """
+        if not self._bounded_rows:
+            return trl_prepare_inputs(self, generation_batch)
+        trainer: Any = self  # TRL is untyped
+        args = trainer.args
+        plan = functools.partial(plan_micro_steps, budget=self._max_micro_batch_tokens,
+                                 default_rows=args.per_device_train_batch_size,
+                                 gather=self.accelerator.gather)  # fmt: skip
+        if not trainer.model.training:  # eval: one micro-step, no accumulation
+            return plan(self._generate_and_score_completions(generation_batch), steps=1, accumulation=1)[0]
+        steps, index = args.steps_per_generation, micro_step_index(self)
+        if index % (steps * trainer.num_iterations) == 0 or self._row_steps is None:
+            scored = self._generate_and_score_completions(generation_batch)
+            self._row_steps = plan(scored, steps=steps, accumulation=args.gradient_accumulation_steps)
+        return self._row_steps[index % steps]
+
+    def compute_loss(
+        self, model: Any, inputs: Any, return_outputs: bool = False, num_items_in_batch: Any = None
+    ) -> torch.Tensor:
+        """TRL's loss; for a ``MicroStep``, chunk by chunk (``micro_step_loss``), earlier chunks back-propagated."""
+        if not isinstance(inputs, MicroStep):
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)  # type: ignore[no-any-return]
+        if return_outputs:
+            raise ValueError("The GRPOTrainer does not support returning outputs")
+        return micro_step_loss(self, model, inputs, lambda chunk: trl_compute_loss(self, model, chunk))
+
+    def _score_episodes(
+        self, inputs: list[dict[str, Any]], prompts: list[Any], rollouts: list[Rollout], mode: str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reward functions on whole episodes, then one advantage per episode (TRL's rule, groups of episodes)."""
+        tokenizer = tokenizer_of(self)
+        ids = [[t for row in r.rows for t in row.completion_ids] for r in rollouts]
+        texts = [str(tokenizer.decode(i, skip_special_tokens=True)) for i in ids]
+        conversational = isinstance(prompts[0], list)
+        completions = [[{"role": "assistant", "content": t}] for t in texts] if conversational else texts
+        scored = []
+        for x, r in zip(inputs, rollouts, strict=True):
+            scored.append(dict(x, env_reward=r.reward, env_ending=r.ending.value, env_turns=len(r.turns)))
+        rewards_per_func = calculate_rewards(self, scored, prompts, completions, ids)
+        group = self.num_generations if mode == "train" else self.num_generations_eval
+        assert group is not None, "TRL sets num_generations_eval (it defaults to num_generations)"
+        advantages, _ = episode_advantages(
+            rewards_per_func, self.reward_weights, group, scale_rewards=self.scale_rewards,
+            aggregation=self.multi_objective_aggregation)  # fmt: skip
+        return advantages, rewards_per_func
+
+    def _turn_credit(
+        self,
+        credit: str | CreditEstimator,
+        rollouts: list[Rollout],
+        rewards_per_func: torch.Tensor,
+        group: int,
+        mode: str,
+        local: slice,
+    ) -> list[list[float]]:
+        """Per-turn advantages of ``credit=``, as one advantage per completion token of each of this process's rows.
+
+        ``rewards_per_func`` holds every process's episodes (TRL gathers them); so do the groups the estimator sees:
+        the credit records are gathered too, and ``local`` picks this process's episodes out of them.
+        """
+        from accelerate.utils import gather_object  # type: ignore[import-untyped]
+
+        estimator = credit_estimator(credit, self.scale_rewards)  # type: ignore[arg-type]  # "group"/"none": __init__
+        assert estimator is not None, "called for a credit other than 'episode'"
+        weights = self.reward_weights.to(rewards_per_func.device)
+        totals = weighted_rewards(rewards_per_func, weights)
+        columns = env_reward_columns(self.reward_funcs)
+        _check_env_reward_scores(rewards_per_func[local], columns, rollouts, self.reward_func_names)
+        env_weight = float(sum(weights[i].item() for i in columns))
+        mine = [EpisodeCredit.from_rollout(r, total=t, env_weight=env_weight)
+                for r, t in zip(rollouts, totals[local].tolist(), strict=True)]  # fmt: skip
+        credits = gather_object(mine) if self.accelerator.num_processes > 1 else mine
+        groups = [credits[g : g + group] for g in range(0, len(credits), group)]
+        advantages = [estimate(estimator, g) for g in groups]
+        for key, value in credit_metrics(groups, advantages).items():
+            metric_lists(self)[mode][key].append(value)
+        flat = [a for g in advantages for a in g][local]
+        return [row for r, a in zip(rollouts, flat, strict=True) for row in token_advantages(r, a)]
+
+    def _log_episode_stats(
+        self, mode: str, advantages: torch.Tensor, rewards_per_func: torch.Tensor, group: int
+    ) -> None:
+        """Replace the reward statistics TRL just logged per row with the episodes' (as GRPOTrainer logs them)."""
+        logged = metric_lists(self)[mode]
+        weighted = weighted_rewards(rewards_per_func, self.reward_weights)
+        for i, name in enumerate(self.reward_func_names):
+            logged[f"rewards/{name}/mean"][-1] = torch.nanmean(rewards_per_func[:, i]).item()
+            logged[f"rewards/{name}/std"][-1] = nan_std(rewards_per_func[:, i]).item()
+        logged["reward"][-1] = torch.nanmean(weighted).item()
+        logged["reward_std"][-1] = nan_std(weighted).item()
+        std = nan_std(weighted.view(-1, group), dim=1) if group > 1 else torch.zeros(len(weighted) // group)
+        logged["frac_reward_zero_std"][-1] = torch.isclose(std, torch.zeros_like(std)).float().mean().item()
+        logged["episodes"].append(float(len(advantages)))
