@@ -30,7 +30,7 @@ PARTS = {  # label: (a fragment of the file's path, the function's name), as yap
     "httpx/httpx2 client send (its pool and h11, or the in-process transport)": ("_client.py", ".send"),
     "uvicorn + Starlette (gateway HTTP side)": ("h11_impl.py", "RequestResponseCycle.run_asgi"),
     "in-process transport (agents/local.py)": ("agents/local.py", "LocalTransport.handle_request"),
-    "engine: a chat request's rendering (Calls._step_chat)": ("rollout/episode.py", "Calls._step_chat"),
+    "engine: a chat request's rendering (Calls._step_chat)": ("rollout/calls.py", "Calls._step_chat"),
 }
 
 

@@ -76,7 +76,7 @@ class ReplyGenerator:
 def conversations(rollout, first_observation, tokenizer, processor):
     """The messages before each turn: the first observation, then per turn the reply and the env's answer."""
     from trl_env.render.history import DeployedHistory
-    from trl_env.rollout.episode import EnvText
+    from trl_env.rollout.calls import EnvText
 
     history = DeployedHistory(tokenizer, processor, {}, EnvText(tokenizer))
     messages = history.opening(first_observation)

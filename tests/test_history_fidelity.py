@@ -24,7 +24,7 @@ from trl_env.render.processors import from_tokenizer, get_processor
 from trl_env.render.processors.derived import render
 from trl_env.render.tools.processor import ToolProcessor
 from trl_env.rollout import Ending, batch_rollout
-from trl_env.rollout.episode import EnvText
+from trl_env.rollout.calls import EnvText
 from trl_env.testing.templates import bos_eos, trl_template_tokenizer, trl_templates
 from trl_env.testing.tokenizers import load_tokenizer
 

@@ -726,7 +726,7 @@ def test_keyboard_interrupt_from_env_code_still_stops_the_run(tokenizer):
 
 
 def test_env_text_uses_the_rust_encoder_only_where_it_gives_the_tokenizers_ids(tokenizer):
-    from trl_env.rollout.episode import EnvText
+    from trl_env.rollout.calls import EnvText
 
     assert EnvText(tokenizer)._fast is not None
     text = "plain 日本語 <|im_end|> 42"

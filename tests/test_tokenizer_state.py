@@ -14,7 +14,7 @@ import pytest
 from helpers import ScriptedEnv, ScriptedGenerator
 
 from trl_env import ChatMLProcessor, batch_rollout
-from trl_env.rollout.episode import EnvText
+from trl_env.rollout.calls import EnvText
 from trl_env.rollout.records import Ending
 
 LONG = "The quick brown fox jumps over the lazy dog. " * 109  # 1,091 tokens of Qwen2.5

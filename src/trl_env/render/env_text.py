@@ -2,7 +2,7 @@
 
 ``EnvText`` keeps text from the env from ever becoming a special (added) token and does not depend on state other code
 sets on the shared tokenizer; ``call`` runs user code (env, processor) and classifies what it raises by where it
-happened. Both run on worker threads (episode.py's ``Calls``), never on the scheduler thread.
+happened. Both run on worker threads (calls.py's ``Calls``), never on the scheduler thread.
 """
 
 from __future__ import annotations

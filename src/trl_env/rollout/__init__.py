@@ -1,4 +1,4 @@
-"""The rollout engine: batch_rollout (engine.py), one episode's state and calls (episode.py), records (records.py)."""
+"""The rollout engine: batch_rollout (engine.py), one episode's state and calls (calls.py), records (records.py)."""
 
 from trl_env.render.history import History
 from trl_env.rollout.engine import batch_rollout

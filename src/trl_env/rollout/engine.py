@@ -30,9 +30,9 @@ from trl_env.errors import (
 from trl_env.render.chat import SamplingEnvFactory
 from trl_env.render.history import DeployedHistory, History, as_history
 from trl_env.render.processors.base import check_processor, stop_token_ids
+from trl_env.rollout.calls import Calls, EnvText, Opened, Stepped, check_env_timeout
 from trl_env.rollout.coalescing import COALESCE_S, check_coalesce, coalesce_window
-from trl_env.rollout.episode import Calls, EnvText, Opened, Stepped, check_env_timeout
-from trl_env.rollout.episode_state import Episode, anchor_of, cut_at_own_cap, turn_request
+from trl_env.rollout.episode import Episode, anchor_of, cut_at_own_cap, turn_request
 from trl_env.rollout.records import Budgets, Ending, Rollout, Turn
 from trl_env.rollout.workers import Workers, drain
 

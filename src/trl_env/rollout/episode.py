@@ -1,283 +1,191 @@
-"""One episode's calls into user code (``Calls``); the token lists it builds are ``rollout/episode_state.py``'s.
+"""``Episode``: the token lists one running episode builds, on the scheduler thread (``rollout/engine.py``).
 
-``Calls`` runs on worker threads and only returns values (``Opened``, ``Stepped``); it does every
-piece of user code and every tokenisation, so the scheduler thread does neither. Each call into
-user code is wrapped where it happens, so a failure is classified by its site, whatever its type
-(``EpisodeFailure.kind``). ``Episode`` (``rollout/episode_state.py``) lives on the scheduler thread and keeps the
-invariant that ``completion_ids``, ``logprobs`` and ``env_mask`` stay aligned.
+It keeps the invariant that ``completion_ids``, ``logprobs`` and ``env_mask`` stay aligned: model tokens enter only
+through ``append_model``, env tokens only through ``append_env``. The calls into user code that advance it are
+``rollout/calls.py``'s ``Calls``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import time
-from collections.abc import Callable
+import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-from trl_env.backends.base import FinishReason, Generation
-from trl_env.env import Closable, Env, Seed, Truncatable, check_result
-from trl_env.errors import ConfigError, EnvError, EpisodeFailure, ProcessorError
-from trl_env.render.chat import ChatHistories, ChatRequest, Reply, normalize
-from trl_env.render.env_text import EnvText, call
-from trl_env.render.history import Conversation, DeployedHistory
-from trl_env.render.processors.base import FamilyProcessor, Processor
-from trl_env.render.tools.processor import ToolProcessor
-from trl_env.render.tools.types import ToolResults
+from trl_env.backends.base import FinishReason, Generation, GenerationRequest, Generator, check_request_sampling
+from trl_env.env import Env, Seed
+from trl_env.render.chat import SamplingEnv
+from trl_env.render.history import Conversation
+from trl_env.rollout.records import Budgets, Ending, Rollout, Row, Turn
 
-
-@dataclass(frozen=True)
-class Opened:
-    """What opening an episode produced: the env after ``reset`` and the tokenised prompt."""
-
-    env: Env
-    prompt_ids: list[int]
-    alive: bool
-    reward: float
-    """The env's reward after ``reset``: the episode's, should its first turn be cut before any step."""
-    env_info: dict[str, Any] | None = None
-    """The env's ``info`` after ``reset``, JSON-safe; ``None`` without one."""
-    messages: Conversation | None = None
-    """With ``history="deployed"``: the conversation so far (``prompt_ids`` is its rendering); else ``None``."""
-
-
-@dataclass(frozen=True)
-class Stepped:
-    """One model turn, parsed and stepped: what the env answered and the env tokens to append next."""
-
-    env: Env
-    text: str
-    reasoning: str
-    action: str
-    delta: str
-    reward: float
-    alive: bool
-    env_s: float
-    next_ids: list[int] | None
-    """The tokenised text after this turn; ``None`` when the episode ends here (env done or out of turns)."""
-    parse_status: str | None = None
-    """How the family processor read the turn (a ``ParseStatus`` value); ``None`` for other processors."""
-    env_info: dict[str, Any] | None = None
-    """The env's ``info`` after the step, JSON-safe; ``None`` without one."""
-    tool_calls: tuple[tuple[str, bool], ...] = ()
-    """(tool name, succeeded) for each tool result the env answered with."""
-    messages: Conversation | None = None
-    """With ``history="deployed"``: the conversation so far, and ``next_ids`` is the next turn's whole prompt (the
-    template's rendering of it), not the text to append."""
-
-
-@dataclass(frozen=True)
-class Settled:
-    """What a ``Truncatable`` env left after ``truncate``: the episode's final reward and info."""
-
-    reward: float
-    info: dict[str, Any] | None
-    close_error: str = ""
-    """The error of a ``close()`` that failed after ``truncate`` succeeded."""
+if TYPE_CHECKING:
+    from trl_env.rollout.calls import Stepped
 
 
 @dataclass
-class Calls:
-    """Everything that runs on worker threads: env code, processor code and tokenisation. Holds no model."""
+class Episode:
+    """Mutable state of one running episode; ``to_rollout`` freezes it."""
 
-    env_factory: Callable[[], Env]
-    processor: Processor
-    text: EnvText
-    max_turns: int
-    closer: str
-    """The end-of-turn token as text: closes a turn cut by the length limit before the next user turn."""
-    deployed: DeployedHistory | None = None
-    """With ``history="deployed"``: renders each turn's whole prompt with the chat template."""
-    chats: ChatHistories | None = field(default=None, init=False)
-    """With ``history="deployed"``: the histories chat requests (``ChatRequest`` observations) render with."""
+    index: int
+    seed: Seed
+    env: Env | None = None
+    prompt_ids: list[int] = field(default_factory=list)
+    completion_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    env_mask: list[int] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    reward: float | None = None
+    """The reward the last ``reset`` or step reported (read when it returned, never after ``close``)."""
+    sampled: Generation | None = None
+    """The model turn between generation and its env step."""
+    generation_s: float = 0.0
+    submitted_at: float = 0.0
+    ending: Ending | None = None
+    error: str = ""
+    info: dict[str, Any] = field(default_factory=dict)
+    messages: Conversation | None = None
+    """With ``history="deployed"``: the conversation so far; ``prompt_ids`` + ``completion_ids`` is the current row."""
+    rows: list[Row] = field(default_factory=list)
+    """Finished rows (``history="deployed"``): the current one is ``prompt_ids``, ``completion_ids``, ... ."""
+    row_turns: int = 0
+    """Model turns in the current row."""
+    anchor: str | None = None
+    """The env's ``info["anchor"]`` after its last reset or step: the state the next turn acts on (``Turn.anchor``)."""
 
-    def __post_init__(self) -> None:
-        self.chats = None if self.deployed is None else ChatHistories(self.deployed)
+    def room(self, budgets: Budgets, extra: int = 0) -> int:
+        """Tokens the next model turn may sample once ``extra`` more env tokens are appended."""
+        used = len(self.completion_ids) + extra
+        room = min(budgets.max_new_tokens, budgets.max_completion_tokens - used)
+        if budgets.max_context is not None:
+            room = min(room, budgets.max_context - len(self.prompt_ids) - used)
+        return room
 
-    def open(self, index: int, seed: Seed | BaseException) -> Opened:
-        """Build the env, reset it with ``seed`` and tokenise the opening prompt."""
-        if isinstance(seed, BaseException):  # the dataset row could not become a seed
-            raise EpisodeFailure("prompt_error", seed)
-        env = call("env_exception", self.env_factory)
-        if env is None or not callable(getattr(env, "reset", None)):
-            raise EpisodeFailure(
-                "env_bad_return",
-                EnvError(
-                    f"env_factory() returned {env!r:.80}, not an env; it must return a fresh env with reset and step "
-                    "(pass the class, e.g. `env_factory=MyEnv`).",
-                    env_index=index,
-                    turn=0,
-                    method="env_factory",
-                ),
+    def append_model(self, sampled: Generation) -> None:
+        """Append the sampled ids and their logprobs verbatim (trained on)."""
+        self.completion_ids += sampled.token_ids
+        self.logprobs += sampled.logprobs
+        self.env_mask += [1] * len(sampled.token_ids)
+        self.row_turns += 1
+        self.sampled = sampled
+        self.generation_s = time.perf_counter() - self.submitted_at
+
+    def append_env(self, stepped: Stepped | None, env_ids: list[int]) -> None:
+        """Close the turn in progress with what the env answered (``None``: no step) and append ``env_ids``."""
+        assert self.sampled is not None, "a turn closes after it was sampled"
+        text = stepped.text if stepped is not None else ""
+        self.turns.append(
+            Turn(
+                text=text,
+                reasoning=stepped.reasoning if stepped is not None else "",
+                action=stepped.action if stepped is not None else None,
+                delta=stepped.delta if stepped is not None else None,
+                reward=stepped.reward if stepped is not None else None,
+                finish_reason=self.sampled.finish_reason,
+                num_model_tokens=len(self.sampled.token_ids),
+                num_env_tokens=len(env_ids),
+                generation_s=self.generation_s,
+                env_s=stepped.env_s if stepped is not None else 0.0,
+                parse_status=stepped.parse_status if stepped is not None else None,
+                tool_calls=stepped.tool_calls if stepped is not None else (),
+                policy=self.sampled.policy,
+                anchor=self.anchor,
             )
-        result = call("env_exception", env.reset, seed)
-        checked = call("env_bad_return", check_result, result, env, method="reset", env_index=index, turn=0)
-        if self.deployed is not None:
-            if isinstance(checked.delta, ChatRequest):
-                conversation = self._chat(None, checked.delta)
-            else:
-                conversation = self.deployed.extend(None, self.deployed.opening(checked.delta))
-            return Opened(checked.env, conversation.ids, checked.alive, checked.reward, checked.info, conversation)
-        prompt_ids = self.text.render(self.processor.init_system_input, checked.delta)
-        return Opened(checked.env, prompt_ids, checked.alive, checked.reward, checked.info)
+        )
+        if stepped is not None:
+            self.anchor = anchor_of(stepped.env_info)
+        self.completion_ids += env_ids
+        self.logprobs += [0.0] * len(env_ids)
+        self.env_mask += [0] * len(env_ids)
+        self.sampled = None
 
-    def step(
-        self, index: int, env: Env, sampled: Generation, turn: int, messages: Conversation | None = None
-    ) -> Stepped:
-        """Decode and parse the sampled turn, step the env with the action, tokenise what follows.
+    def start_row(self, prompt_ids: list[int]) -> None:
+        """Close the current row and open one whose prompt is ``prompt_ids`` (a context that does not extend it)."""
+        assert self.sampled is None and self.completion_ids, "a row closes after its turn"
+        self.rows.append(self._row())
+        self.prompt_ids, self.completion_ids, self.logprobs, self.env_mask = prompt_ids, [], [], []
+        self.row_turns = 0
 
-        With ``history="deployed"`` (``messages``: the conversation the turn was sampled from), what follows is the
-        next turn's whole prompt: the template's rendering of the conversation with this reply and the env's answer.
-        """
-        started = time.perf_counter()
-        if messages is not None and messages.chat:
-            return self._step_chat(index, env, sampled, turn, messages, started)
-        text = call("server_error", self.text.tokenizer.decode, sampled.token_ids, skip_special_tokens=False)
-        parsed, status = call("processor_error", _parse, self.processor, text)
-        if not (isinstance(parsed, tuple) and len(parsed) == 2 and all(isinstance(x, str) for x in parsed)):
-            raise EpisodeFailure(
-                "processor_error",
-                ProcessorError(
-                    f"{type(self.processor).__name__}.parse_agent_output returned {parsed!r:.80}; it must return "
-                    "a tuple (reasoning: str, action: str)."
-                ),
-            )
-        result = call("env_exception", env.step, parsed[1])
-        checked = call("env_bad_return", check_result, result, env, method="step", env_index=index, turn=turn)
-        next_ids = None
-        if messages is not None:
-            assert self.deployed is not None
-            grown = [*messages.messages, self.deployed.reply(text), *self.deployed.answer(checked.delta)]
-            if checked.alive and turn < self.max_turns:
-                messages = self.deployed.extend(messages, grown)
-                next_ids = messages.ids
-            else:
-                messages = Conversation(grown)
-        elif checked.alive and turn < self.max_turns:
-            lead = "" if sampled.finish_reason is FinishReason.STOP else self.closer
-            if isinstance(checked.delta, ToolResults) and isinstance(self.processor, ToolProcessor):
-                pieces = call("processor_error", self.processor.append_segments, checked.delta)
-                next_ids = self.text.segments(pieces, lead=lead)
-            else:
-                next_ids = self.text.render(self.processor.append_user_input, checked.delta, lead=lead)
-        results = checked.delta.results if isinstance(checked.delta, ToolResults) else ()
-        return Stepped(
-            env=checked.env,
-            text=text,
-            reasoning=parsed[0],
-            action=parsed[1],
-            parse_status=status,
-            env_info=checked.info,
-            tool_calls=tuple((r.name, r.ok) for r in results),
-            delta=checked.delta,
-            reward=checked.reward,
-            alive=checked.alive,
-            env_s=time.perf_counter() - started,
-            next_ids=next_ids,
-            messages=messages,
+    def _row(self) -> Row:
+        """The current row, with its turns' spans: the episode's last ``row_turns`` turns, laid out as appended."""
+        first = len(self.turns) - self.row_turns
+        return Row.of_turns(
+            self.prompt_ids, self.completion_ids, self.logprobs, self.env_mask, self.turns[first:], first
         )
 
-    def _chat(self, previous: Conversation | None, request: ChatRequest) -> Conversation:
-        """A chat request's messages rendered with its tools; ``previous`` is reused only if they extend it."""
-        assert self.chats is not None
-        history = call("processor_error", self.chats.get, request.tools)
-        messages = normalize(request.messages, history)
-        if previous is not None:
-            old = previous.messages
-            previous = previous if previous.tools == request.tools and messages[: len(old)] == old else None
-        conversation = history.extend(previous, messages)
-        return dataclasses.replace(conversation, tools=request.tools, chat=True, max_tokens=request.max_tokens)
+    def finish(self, ending: Ending, error: str = "") -> None:
+        """Record the episode's one ending."""
+        assert self.ending is None, "an episode ends once"
+        self.ending, self.error = ending, error
 
-    def _step_chat(
-        self, index: int, env: Env, sampled: Generation, turn: int, messages: Conversation, started: float
-    ) -> Stepped:
-        """``step`` for a chat env: stepped with a ``Reply``; its next ``ChatRequest`` is rendered as it stands."""
-        assert self.chats is not None
-        history = call("processor_error", self.chats.get, messages.tools)
-        decode = self.text.tokenizer.decode
-        text = call("server_error", decode, sampled.token_ids, skip_special_tokens=False)
-        parsed, status = call("processor_error", _parse, history.processor, text)
-        assert isinstance(parsed, tuple), "family and tool processors return (reasoning, action)"
-        message, field_name = call("processor_error", history.reply, text), history.reasoning_field
-        reply = Reply(
-            str(message.get("content") or ""),  # what the agent is answered (the one rule), not the parse
-            message,
-            reasoning_field=field_name,
-            finish_reason=sampled.finish_reason.value,
-            token_ids=sampled.token_ids,
-            logprobs=sampled.logprobs,
-            decode_one=functools.partial(_decode_one, decode),  # only if the call asks for logprobs (agents/wire.py)
-            prompt_tokens=len(messages.ids),
-        )
-        result = call("env_exception", env.step, reply)
-        checked = call("env_bad_return", check_result, result, env, method="step", env_index=index, turn=turn)
-        going = checked.alive and turn < self.max_turns
-        next_ids, grown = None, messages
-        if isinstance(checked.delta, ChatRequest):
-            grown = self._chat(messages, checked.delta) if going else Conversation(list(checked.delta.messages))
-            next_ids = grown.ids if going else None
-        elif going:
-            grown = history.extend(messages, [*messages.messages, reply.message, *history.answer(checked.delta)])
-            grown, next_ids = dataclasses.replace(grown, tools=messages.tools, chat=True), grown.ids
-        return Stepped(
-            env=checked.env,
-            text=text,
-            reasoning=str(message.get(field_name) or "") if field_name else "",  # as answered: the transcript's
-            action=str(reply),
-            parse_status=status,
-            env_info=checked.info,
-            delta=checked.delta,
-            reward=checked.reward,
-            alive=checked.alive,
-            env_s=time.perf_counter() - started,
-            next_ids=next_ids,
-            messages=grown,
+    def to_rollout(self, placeholder_id: int) -> Rollout:
+        """The finished episode; without a model turn, prompt and completion are one masked ``placeholder_id``."""
+        assert self.ending is not None, "every episode ends"
+        # No reward without a model turn (it would only shift the group's baseline) or after a failure.
+        scored = self.ending is not Ending.ERROR and bool(self.turns)
+        # A row opened, then the episode failed before its turn was sampled: the row is dropped.
+        rows = [*self.rows, self._row()] if self.completion_ids else list(self.rows)
+        if not rows:
+            # TRL needs a non-empty prompt and completion, and pads every row to the batch's longest prompt plus
+            # longest completion: one masked stand-in token each, so the row fits any model. Flagged.
+            rows = [Row([placeholder_id], [placeholder_id], [0.0], [0], ())]
+            self.info["placeholder"] = True
+            self.info["prompt_tokens"] = len(self.prompt_ids)
+        return Rollout(
+            seed=self.seed,
+            rows=tuple(rows),
+            turns=tuple(self.turns),
+            reward=self.reward if scored else None,
+            ending=self.ending,
+            error=self.error,
+            info=self.info,
         )
 
-    @staticmethod
-    def close(env: Env, index: int, truncated: str | None = None) -> Settled | None:
-        """Tell a ``Truncatable`` env that trl-env ended its episode (``truncated``: why), then call ``close()``.
 
-        Returns the reward and info ``truncate`` left (``None`` when the env was not told). ``close()`` runs even
-        when ``truncate`` failed; a ``close()`` that fails after a good ``truncate`` keeps what it settled.
-        """
-        settled = None
-        try:
-            if truncated is not None and isinstance(env, Truncatable):
-                call("env_exception", env.truncate, truncated)
-                checked = call(
-                    "env_bad_return", check_result, (env, ""), env, method="truncate", env_index=index, turn=-1
-                )
-                settled = Settled(checked.reward, checked.info)
-        finally:
-            if isinstance(env, Closable) and callable(env.close):
-                try:
-                    env.close()
-                except BaseException as e:  # noqa: BLE001  # recorded; what truncate settled stands
-                    if settled is None:
-                        raise
-                    settled = dataclasses.replace(settled, close_error=f"{type(e).__name__}: {e}")
-        return settled
+def anchor_of(info: dict[str, Any] | None) -> str | None:
+    """The state key an env's ``info`` names (``info["anchor"]``, as a string), ``None`` without one."""
+    if not info or info.get("anchor") is None:
+        return None
+    return str(info["anchor"])
 
 
-def _decode_one(decode: Callable[..., str], token_id: int) -> str:
-    """One sampled id's text, special tokens included (``Reply.tokens``)."""
-    return decode([token_id], skip_special_tokens=False)
+_SAMPLING_ENVS: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
+"""Env class -> whether it is a ``SamplingEnv`` (a runtime-protocol ``isinstance`` costs ~27 us: once per class)."""
 
 
-def _parse(processor: Processor, text: str) -> tuple[object, str | None]:
-    """``parse_agent_output``'s answer, and the ``ParseStatus`` value when a family or tool processor parsed it."""
-    if (
-        isinstance(processor, FamilyProcessor)
-        and type(processor).parse_agent_output is FamilyProcessor.parse_agent_output
-    ) or isinstance(processor, ToolProcessor):
-        parsed = processor.parse(text)
-        return (parsed.reasoning, parsed.action), parsed.status.value
-    return processor.parse_agent_output(text), None
+def turn_request(ep: Episode, budgets: Budgets, stops: tuple[int, ...], generator: Generator) -> GenerationRequest:
+    """An episode's next turn: its ids so far, and the env's own sampling if it asks for any.
+
+    Its ``max_tokens`` is what the budgets allow (``Episode.room``), or a chat request's own cap where that is smaller
+    (``ChatRequest.max_tokens``: an agent call's ``max_tokens`` / ``max_completion_tokens``).
+
+    Raises:
+        ConfigError: for settings ``generator`` cannot honour (``check_request_sampling``): never silently dropped.
+    """
+    ids, room, cap = ep.prompt_ids + ep.completion_ids, ep.room(budgets), _own_cap(ep)
+    max_tokens = room if cap is None else min(room, cap)
+    kind = type(ep.env)
+    if kind not in _SAMPLING_ENVS:
+        _SAMPLING_ENVS[kind] = isinstance(ep.env, SamplingEnv)
+    own = cast(SamplingEnv, ep.env).turn_sampling if _SAMPLING_ENVS[kind] else None
+    if not own:
+        return GenerationRequest(ids, max_tokens, stops)
+    check_request_sampling(generator, own, why=f"{kind.__name__}.turn_sampling")
+    return GenerationRequest(ids, max_tokens, stops, dict(own))
 
 
-def check_env_timeout(env_timeout: float | None) -> None:
-    """Fail early on a timeout that is not a positive number of seconds (or ``None``)."""
-    if env_timeout is not None and not env_timeout > 0:
-        raise ConfigError(f"env_timeout={env_timeout!r}: it must be > 0 seconds, or None to wait forever.")
+def _own_cap(ep: Episode) -> int | None:
+    return None if ep.messages is None else ep.messages.max_tokens
+
+
+def cut_at_own_cap(ep: Episode, sampled: Generation, room: int) -> bool:
+    """Whether a turn was cut at its chat request's own cap, below the budgets' ``room``: the env answers it.
+
+    It is stepped with the cut turn (a ``Reply`` with ``finish_reason`` ``length``) and the episode goes on, as an
+    OpenAI server answers a call that asked for fewer tokens. Any other ``length`` turn (the cap absent, or not below
+    the budgets) was cut by the trainer's budgets or the server's context and ends its episode, unless
+    ``parse_truncated_turns``.
+    """
+    if sampled.finish_reason is not FinishReason.LENGTH:
+        return False
+    cap = _own_cap(ep)
+    return cap is not None and len(sampled.token_ids) == cap < room

@@ -15,8 +15,8 @@ from typing import Any, Literal, TypedDict
 from trl_env.backends.base import Generator
 from trl_env.errors import ConfigError
 from trl_env.render.history import History, as_history
+from trl_env.rollout.calls import check_env_timeout
 from trl_env.rollout.engine import check_coalesce
-from trl_env.rollout.episode import check_env_timeout
 from trl_env.rollout.records import Budgets
 
 
