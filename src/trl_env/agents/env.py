@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from trl_env.agents.gateway import Gateway, Pending, Session, refuse, shared_gateway
+from trl_env.agents.gateway import Gateway, Pending, Session, import_stack, refuse, shared_gateway
 from trl_env.agents.run import AgentProgram, AgentRun
 from trl_env.agents.wire import ChatCall, tool_choice_unmet
 from trl_env.env import Delta, Env, RowSeed, Seed
@@ -209,9 +209,7 @@ class AgentEnvFactory:
         # the openai SDK and the gateway's stack, imported here: where the factory is unpickled too, so the zygote of
         # env_executor="process" / isolated(...) imports them once and every worker it forks has them (~1 s of CPU
         # per worker otherwise)
-        from trl_env.agents.gateway import _require
-
-        _require()
+        import_stack()
 
     @property
     def request_sampling(self) -> frozenset[str]:

@@ -25,13 +25,14 @@ from trl_env.agents.wire import ChatCall, WireError, answer_body, error_body, pa
 from trl_env.errors import ConfigError
 from trl_env.render.chat import Reply
 
-__all__ = ["Gateway", "Pending", "Session", "local_gateway", "shared_gateway"]
+__all__ = ["Gateway", "Pending", "Session", "import_stack", "local_gateway", "shared_gateway"]
 
 MAX_BODY = 8 * 2**20
 """Request bodies above this many bytes are refused with 413 (configurable per gateway)."""
 
 
-def _require() -> None:
+def import_stack() -> None:
+    """Import the openai SDK and the gateway's stack; raise ``ConfigError`` naming the extra when one is missing."""
     try:
         import openai  # noqa: F401
         import openai.lib._parsing  # noqa: F401  # imported lazily by a client's first call: racing threads break it
@@ -141,7 +142,7 @@ class Gateway:
         Raises:
             ConfigError: the ``agents`` extra is not installed, or ``host:port`` cannot be bound.
         """
-        _require()
+        import_stack()
         import uvicorn
 
         self.model, self.max_body, self.read_timeout_s = model, max_body, read_timeout_s
