@@ -12,7 +12,15 @@ from agents_support import one_call_program
 
 from trl_env.agents import agent_env_factory
 
-_LAZY = ("openai", "openai.resources.chat.completions", "openai.lib._parsing", "uvicorn", "starlette")
+_LAZY = (
+    "openai",
+    "openai.resources.chat.completions",
+    "openai.lib._parsing",
+    "uvicorn",
+    "starlette",
+    "httpx",
+    "trl_env.agents.local",
+)
 
 
 def test_an_unpickled_factory_has_imported_the_sdk_and_the_gateway_stack(tmp_path):

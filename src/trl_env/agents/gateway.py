@@ -32,8 +32,17 @@ MAX_BODY = 8 * 2**20
 
 
 def import_stack() -> None:
-    """Import the openai SDK and the gateway's stack; raise ``ConfigError`` naming the extra when one is missing."""
+    """Import everything the gateway and AgentRun's clients use; raise ``ConfigError`` naming the extra when missing.
+
+    Called by ``Gateway()`` (every episode opens its session on a running gateway before its program starts) and
+    where an ``AgentEnvFactory`` is built or unpickled, so no program imports any of it on its own thread. A lazy
+    import there races the programs starting beside it: openai 3.x's client constructor reads ``sys.modules["httpx"]``
+    without importing it, and while ``run.openai()`` imports ``agents/local.py`` (hence httpx) on one thread, a
+    client built on ``run.base_url`` on another fails with "partially initialized module 'httpx' has no attribute
+    'URL'" (tests/test_agents_imports.py).
+    """
     try:
+        import httpx  # noqa: F401
         import openai  # noqa: F401
         import openai.lib._parsing  # noqa: F401  # imported lazily by a client's first call: racing threads break it
         import openai.resources.chat.completions  # noqa: F401
@@ -44,6 +53,7 @@ def import_stack() -> None:
         raise ConfigError(
             f"trl_env.agents needs the 'agents' extra ({e.name} is missing): pip install 'trl-env[agents]'."
         ) from None
+    import trl_env.agents.local  # noqa: F401  # AgentRun's transports (it imports this module, loaded by now)
 
 
 @dataclass

@@ -52,7 +52,7 @@ class AgentRun:
         In the gateway's process its ``http_client`` (unless given) hands calls to the gateway in-process, without
         HTTP (``agents/local.py``): the same answers, a fraction of the CPU per call.
         """
-        import openai
+        import openai  # loaded already (gateway.import_stack): no program thread imports the client stack
 
         from trl_env.agents.local import local_client
 
@@ -61,7 +61,7 @@ class AgentRun:
 
     def async_openai(self, **kwargs: Any) -> AsyncOpenAI:
         """A real ``openai.AsyncOpenAI`` client bound to this episode (``kwargs`` as for ``openai``, in-process too)."""
-        import openai
+        import openai  # loaded already, as for openai()
 
         from trl_env.agents.local import local_async_client
 
