@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # experiment/exa
 
 from agent_tools import task, train_agent  # noqa: E402  # the same seeded task, the same training run
 
-from trl_env.agents import AgentRun  # noqa: E402
+from trl_env import AgentRun  # noqa: E402
 
 MAX_STEPS = 2  # tool-calling steps; smolagents then asks once more for a final answer
 SYSTEM_PROMPT = (

@@ -31,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # experiment/
 
-from trl_env.agents import AgentRun, agent_env_factory  # noqa: E402
+from trl_env import AgentRun, agent_env_factory  # noqa: E402
 
 MAX_CALLS = 3
 SYSTEM_PROMPT = (
@@ -110,10 +110,8 @@ def train_agent(
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig
 
-    from trl_env import env_reward, make_rollout_func
-    from trl_env.render.processors import from_tokenizer
+    from trl_env import EpisodeGRPOTrainer, env_reward, from_tokenizer, make_rollout_func
     from trl_env.testing.templates import trl_templates
-    from trl_env.train.episode_trainer import EpisodeGRPOTrainer
 
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--model", default="smollm2", help="'smollm2' (offline default), 'tiny', or a path/hub id")

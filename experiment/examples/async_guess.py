@@ -42,8 +42,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     from transformers import AutoTokenizer
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
-    from trl_env import ChatMLProcessor
-    from trl_env.train.async_grpo import TrlEnvRolloutWorker, patch_for_cpu
+    from trl_env import ChatMLProcessor, TrlEnvRolloutWorker, patch_for_cpu
 
     model = args.model or requests.get(f"{args.base_url}/v1/models", timeout=10).json()["data"][0]["root"]
     cpu = not torch.cuda.is_available()

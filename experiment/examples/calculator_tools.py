@@ -22,10 +22,7 @@ import random
 import sys
 from typing import Any
 
-from trl_env.adapters.tool_env import ToolEnv
-from trl_env.env import Action, Delta
-from trl_env.render.tools import ToolCalls
-from trl_env.render.tools.processor import ToolProcessor
+from trl_env import Action, Delta, ToolCalls, ToolEnv, ToolProcessor
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # experiment/
 

@@ -24,7 +24,7 @@ import urllib.request
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # experiment/
 
 from trl_env import ChatMLProcessor
-from trl_env.adapters.openenv import OpenEnvAdapter
+from trl_env.adapters import OpenEnvAdapter
 
 SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "openenv_echo_server.py")
 MAX_TURNS = 3  # the env's episode length (WORDS_PER_EPISODE)

@@ -29,9 +29,8 @@ import os
 import sys
 import time
 
-from trl_env import ChatMLProcessor
-from trl_env.adapters.textarena_seats import TextArenaGame
-from trl_env.seats import POLICY, Seating
+from trl_env import POLICY, ChatMLProcessor, Seating
+from trl_env.adapters import TextArenaGame
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # experiment/
 
@@ -50,8 +49,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig
 
-    from trl_env import env_reward, make_rollout_func
-    from trl_env.train.episode_trainer import EpisodeGRPOTrainer
+    from trl_env import EpisodeGRPOTrainer, env_reward, make_rollout_func
 
     parser = example_parser(__doc__, name="selfplay_tictactoe", steps=30)
     parser.add_argument("--save", action="store_true", help="save the trained model under --out/model")
@@ -69,8 +67,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     if args.frozen_every is not None:  # seat 1: the policy's adapter as it was N steps ago, on the same server
         from peft import LoraConfig
 
-        from trl_env import VLLMServerGenerator
-        from trl_env.train.snapshots import LoraSnapshots
+        from trl_env import LoraSnapshots, VLLMServerGenerator
 
         snapshots = LoraSnapshots(VLLMServerGenerator(args.vllm_server, temperature=1.0), every=args.frozen_every,
                                   adapter_dir=os.path.join(args.out, "frozen"))  # fmt: skip

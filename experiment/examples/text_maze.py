@@ -163,8 +163,7 @@ def train_maze(
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
     from trl import GRPOConfig
 
-    from trl_env import env_reward, make_rollout_func
-    from trl_env.train.episode_trainer import EpisodeGRPOTrainer
+    from trl_env import EpisodeGRPOTrainer, env_reward, make_rollout_func
 
     torch.set_num_threads(threads)
     net, tokenizer = load_model_and_tokenizer(model, AutoModelForCausalLM, AutoTokenizer)

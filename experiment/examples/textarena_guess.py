@@ -17,7 +17,7 @@ import os
 import sys
 
 from trl_env import ChatMLProcessor
-from trl_env.adapters.textarena import TextArenaEnv
+from trl_env.adapters import TextArenaEnv
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # experiment/
 

@@ -14,9 +14,21 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from trl_env.errors import TrlEnvError
 from trl_env.render.chat import Reply, wire_message
 
-__all__ = ["ChatCall", "WireError", "answer_body", "error_body", "parse_request", "tool_choice_unmet"]
+__all__ = [
+    "ChatCall",
+    "WireError",
+    "answer_body",
+    "answered_message",
+    "check_tool_results",
+    "dumps",
+    "error_body",
+    "logprob_content",
+    "parse_request",
+    "tool_choice_unmet",
+]
 
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 _SAMPLING = (
@@ -28,7 +40,7 @@ _SAMPLING = (
 trainer's setting (on-policy) unless ``agent_env_factory(sampling="agent")`` honours it (``agent_overridden``)."""
 
 
-class WireError(Exception):
+class WireError(TrlEnvError, ValueError):
     """A request the gateway refuses; ``status`` and OpenAI's error fields (``type``, ``param``, ``code``)."""
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
@@ -59,6 +71,10 @@ class ChatCall:
     """The sampling fields the agent set (``_SAMPLING``), with their values, as sent."""
     max_tokens: int | None = None
     """The call's own cap: the smaller of ``max_tokens`` and ``max_completion_tokens`` (``None``: neither set)."""
+    dialect: str = "chat"
+    """The wire the call came in on and is answered on: ``chat``, ``responses`` or ``messages`` (agents/dialects.py)."""
+    context: Mapping[str, Any] = field(default_factory=dict)
+    """What the dialect's writer needs besides (the request fields a Responses answer echoes, ...)."""
 
 
 def _bad(message: str, param: str) -> WireError:
@@ -178,14 +194,12 @@ def answer_body(reply: Reply, call: ChatCall, *, id: str, created: int, model: s
 
     ``call_ids`` names the reply's tool calls (unique within the episode: ``Session.call_ids``).
     """
-    message = wire_message(reply)
-    for c in message.get("tool_calls") or ():
-        c["id"] = next(call_ids)
-    logprobs = _logprobs(reply, call)
+    message = answered_message(reply, call_ids)
+    logprobs = {"content": logprob_content(reply, call.top_logprobs), "refusal": None} if call.logprobs else None
     if not call.stream:
         choice = {"index": 0, "message": message, "finish_reason": finish_reason(reply), "logprobs": logprobs}
         head = {"id": id, "object": "chat.completion", "created": created, "model": model}
-        return _dumps({**head, "choices": [choice], "usage": _usage(reply)})
+        return dumps({**head, "choices": [choice], "usage": _usage(reply)})
     head = {"id": id, "object": "chat.completion.chunk", "created": created, "model": model}
     deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
     if message.get("reasoning_content"):
@@ -199,10 +213,11 @@ def answer_body(reply: Reply, call: ChatCall, *, id: str, created: int, model: s
               for k, delta in enumerate(deltas)]  # fmt: skip
     chunks.append({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": finish_reason(reply)}]})
     chunks.append({**head, "choices": [], "usage": _usage(reply)})
-    return b"".join(b"data: " + _dumps(chunk) + b"\n\n" for chunk in chunks) + b"data: [DONE]\n\n"
+    return b"".join(b"data: " + dumps(chunk) + b"\n\n" for chunk in chunks) + b"data: [DONE]\n\n"
 
 
-def _dumps(value: Any) -> bytes:
+def dumps(value: Any) -> bytes:
+    """``value`` as compact UTF-8 JSON: every dialect's answer bytes."""
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
 
 
@@ -211,13 +226,42 @@ def _usage(reply: Reply) -> dict[str, int]:
     return {"prompt_tokens": reply.prompt_tokens, "completion_tokens": done, "total_tokens": reply.prompt_tokens + done}
 
 
-def _logprobs(reply: Reply, call: ChatCall) -> dict[str, Any] | None:
-    """Each sampled token with its logprob; ``top_logprobs`` holds the sampled token only (the server sends no more)."""
-    if not call.logprobs:
-        return None
+def answered_message(reply: Reply, call_ids: Iterator[str]) -> dict[str, Any]:
+    """The reply as the chat wire answers it (``wire_message``), its tool calls named from ``call_ids``.
+
+    Every dialect writes this one message in its own shape, and reads it back to the same chat message.
+    """
+    message = wire_message(reply)
+    for c in message.get("tool_calls") or ():
+        c["id"] = next(call_ids)
+    return message
+
+
+def logprob_content(reply: Reply, top_logprobs: int) -> list[dict[str, Any]]:
+    """One entry per sampled token of the turn, in order: the row's tokens, the token that ended the turn included.
+
+    ``token`` is the id decoded on its own (U+FFFD where it holds part of a UTF-8 character); ``bytes`` are the id's
+    own bytes (``Reply.token_bytes``), so the entries' bytes joined are the UTF-8 of the sampled text.
+    ``top_logprobs`` lists the sampled token only (the server sends no more). The same list in every dialect that
+    carries logprobs (docs/agents.md, "Logprobs").
+    """
     content = []
-    for token, logprob in zip(reply.tokens, reply.logprobs, strict=True):
-        raw = list(token.encode("utf-8"))
-        top = [{"token": token, "logprob": logprob, "bytes": raw}] if call.top_logprobs else []
-        content.append({"token": token, "logprob": logprob, "bytes": raw, "top_logprobs": top})
-    return {"content": content, "refusal": None}
+    for token, raw, logprob in zip(reply.tokens, reply.token_bytes, reply.logprobs, strict=True):
+        entry = {"token": token, "logprob": logprob, "bytes": list(raw)}
+        content.append({**entry, "top_logprobs": [entry] if top_logprobs else []})
+    return content
+
+
+def check_tool_results(messages: list[dict[str, Any]], param: str) -> None:
+    """Refuse a tool result that answers no call of the conversation it is sent with (as OpenAI and Anthropic do).
+
+    Raises:
+        WireError: 400 naming the call id.
+    """
+    made: set[object] = set()
+    for m in messages:
+        if m.get("role") == "assistant":
+            made.update(c.get("id") for c in m.get("tool_calls") or ())
+        elif m.get("role") == "tool" and m.get("tool_call_id") not in made:
+            raise _bad(f"a tool result for call id {m.get('tool_call_id')!r}, which no earlier assistant turn of "
+                       "this conversation made", param)  # fmt: skip

@@ -115,6 +115,11 @@ def get_processor(name: str, *, system_prompt: str | None = None) -> Processor:
     return factory(system_prompt=system_prompt)
 
 
+def processor_names() -> tuple[str, ...]:
+    """The names ``get_processor`` knows, in registry order (a copy: the registry itself is not public)."""
+    return tuple(PROCESSORS)
+
+
 __all__ = [
     "PROCESSORS",
     "ChatMLProcessor",
@@ -128,4 +133,5 @@ __all__ = [
     "TemplateProcessor",
     "from_tokenizer",
     "get_processor",
+    "processor_names",
 ]
