@@ -150,10 +150,10 @@ def test_episode_credit_is_todays_one_row_per_episode_bit_for_bit(tokenizer):
     ]
     assert got_metrics == today_metrics and not any(k.startswith("credit/") for k in got_metrics)
     # ...which is one sample per episode: the whole row, every model token trained, the episode's group advantage.
-    std = float(np.std([3.0, 1.0, 2.0]))
+    std = float(np.std([3.0, 1.0, 2.0], ddof=1))  # the one rule (trl_env.train.advantages): Bessel, eps 1e-4
     ids = [[1, 2, 10, 11, 20, 12, 21, 22, 13, 14], [1, 2, 30, 40, 41, 31, 32, 33], [1, 2, 50], [1, 2, 60, 70, 61]]
     masks = [[0, 0, 1, 1, 0, 1, 0, 0, 1, 1], [0, 0, 1, 0, 0, 1, 1, 1], [0, 0, 1], [0, 0, 1, 0, 1]]
-    advantages = [1 / (std + 1e-8), -1 / (std + 1e-8), 0.0, 0.0]  # D (unscored): 0, as TRL
+    advantages = [1 / (std + 1e-4), -1 / (std + 1e-4), 0.0, 0.0]  # D (unscored): 0, as TRL
     assert [len(e) for e in got] == [1, 1, 1, 1]
     for [s], i, m, adv in zip(got, ids, masks, advantages, strict=True):
         assert s.input_ids.tolist() == i and s.completion_mask.tolist() == m

@@ -10,7 +10,7 @@ from test_credit_async import record_pushes
 
 from trl_env import ConfigError
 from trl_env.seats import POLICY, Seating
-from trl_env.train.advantages import ASYNC_RULE, group_advantages
+from trl_env.train.advantages import group_advantages
 
 SELF_PLAY = Seating(SecretNim, (POLICY, POLICY))
 
@@ -33,8 +33,8 @@ def test_worker_plays_games_and_pushes_per_role_advantages(tokenizer):
         assert [r.info["seat"] for r in rollouts] == [0, 1, 0, 1] and len({r.seed for r in rollouts}) == 1
         rewards = [r.reward for r in rollouts]
         expected = [None] * 4
-        for seat in (0, 1):  # each seat against the same seat of the group's other game, TRL async's rule
-            pair = group_advantages([rewards[seat], rewards[seat + 2]], ASYNC_RULE)
+        for seat in (0, 1):  # each seat against the same seat of the group's other game, the one rule
+            pair = group_advantages([rewards[seat], rewards[seat + 2]])
             expected[seat], expected[seat + 2] = pair
         for samples in pushed.get(record.group_id, []):
             episode = next(e for e, r in enumerate(rollouts) if _holds(r, samples))  # a tie: the same tokens, reward

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from trl_env.errors import ConfigError
-from trl_env.train.advantages import ASYNC_RULE, group_advantages
+from trl_env.train.advantages import EPS, ScaleRewards, group_advantages
 from trl_env.train.episode_credit import EpisodeCredit, token_advantages
 
 __all__ = [
@@ -36,10 +36,7 @@ __all__ = [
     "token_advantages",
 ]
 
-EPS = ASYNC_RULE.eps
-"""The epsilon of ``(x - mean) / (std + eps)``, TRL async GRPO's (``trl_env.train.advantages.ASYNC_RULE``)."""
-
-Scale = Literal["group", "none"]
+Scale = ScaleRewards
 
 
 Advantages = list[list[float] | None]
@@ -79,8 +76,8 @@ def _check(gamma: float, scale_rewards: str) -> None:
 class EpisodeAdvantage:
     """``credit="episode"``, today's behaviour: every turn gets its episode's group advantage.
 
-    ``(R - mean) / (std + 1e-8)`` over the group's scored episodes, ``R`` the episode's return: TRL async GRPO's rule
-    (``trl_env.train.async_grpo.group_advantages``); ``scale_rewards="none"`` gives ``R - mean``.
+    ``(R - mean) / (std + 1e-4)`` over the group's scored episodes, ``R`` the episode's return: TRL ``GRPOTrainer``'s
+    rule, the one every trainer uses (``trl_env.train.advantages``); ``scale_rewards="none"`` gives ``R - mean``.
     """
 
     scale_rewards: Scale = "group"
@@ -96,7 +93,7 @@ class EpisodeAdvantage:
     def per_episode(self, group: Sequence[EpisodeCredit]) -> list[float | None]:
         """One advantage per episode (``None`` for a failed one)."""
         totals = [None if e.failed else e.total for e in group]
-        return group_advantages(totals, ASYNC_RULE, scale=self.scale_rewards == "group")
+        return group_advantages(totals, self.scale_rewards)
 
 
 @dataclass(frozen=True)
@@ -111,9 +108,9 @@ class DiscountedReturns:
     of the episodes' (discounted) returns, the same for every turn (with only a final reward, ``gamma=1`` and
     ``scale_rewards="none"`` this is ``credit="episode"``). Either mean includes episode i itself, as TRL's does,
     which scales the expected gradient by ``(n - 1) / n`` for every parameter (docs/credit.md has the proof sketch).
-    ``scale_rewards="group"`` then divides the group's advantages by their root mean square over its turns (+1e-8), so
-    they have unit scale; ``"none"`` leaves them (the setting the unbiasedness statement is about, as for TRL's own
-    ``scale_rewards``).
+    ``scale_rewards="group"`` then divides the group's advantages by their root mean square over its turns
+    (Bessel-corrected over its episodes, + ``advantages.EPS``), so they have unit scale; ``"none"`` leaves them (the
+    setting the unbiasedness statement is about, as for TRL's own ``scale_rewards``).
     """
 
     gamma: float = 1.0
@@ -143,10 +140,11 @@ class DiscountedReturns:
 class NaivePerTurnIndex:
     """``credit="per_turn_index"``, MT-GRPO style, **biased** when the policy controls episode length: kept to show it.
 
-    Each turn reward is normalised over the episodes still alive at its turn index (``(r - mean) / (std + 1e-8)``,
-    or ``r - mean`` with ``scale_rewards="none"``), and turn t gets the discounted sum of its episode's normalised
-    rewards from t to its end. The baseline this subtracts, a sum of per-index means, has as many terms as the
-    episode has turns left: its own actions choose it, so the gradient is biased (verl RFC #7244; docs/credit.md).
+    Each turn reward is normalised over the episodes still alive at its turn index (the one rule,
+    ``(r - mean) / (std + 1e-4)``, or ``r - mean`` with ``scale_rewards="none"``), and turn t gets the discounted sum
+    of its episode's normalised rewards from t to its end. The baseline this subtracts, a sum of per-index means, has
+    as many terms as the episode has turns left: its own actions choose it, so the gradient is biased (verl RFC #7244;
+    docs/credit.md).
     """
 
     gamma: float = 1.0
@@ -160,9 +158,7 @@ class NaivePerTurnIndex:
         scored = [e.turn_rewards for e in group if not e.failed]
         normalised: list[list[float]] = [[] for _ in scored]
         for t in range(max(map(len, scored), default=0)):  # over the episodes still alive at turn index t
-            at_t = group_advantages(
-                [r[t] if t < len(r) else None for r in scored], ASYNC_RULE, scale=self.scale_rewards == "group"
-            )
+            at_t = group_advantages([r[t] if t < len(r) else None for r in scored], self.scale_rewards)
             for n, a in zip(normalised, at_t, strict=True):
                 if a is not None:
                     n.append(a)
@@ -174,7 +170,7 @@ class GiGPO:
     """``credit="gigpo"`` (Feng et al., 2025): the episode advantage plus ``weight`` x a step advantage.
 
     The step advantage compares turns of the group (of any of its episodes, or the same one) that acted on the same
-    anchor state: ``(G - mean) / (std + 1e-8)`` of their discounted returns-to-go ``G`` over that anchor group
+    anchor state: ``(G - mean) / (std + 1e-4)`` of their discounted returns-to-go ``G`` over that anchor group
     (``r - mean`` with ``scale_rewards="none"``). A turn whose anchor no other turn shares gets step advantage 0.
     """
 
@@ -207,7 +203,7 @@ class GiGPO:
                 continue
             formed += 1
             values: list[float | None] = [returns[i][t] for i, t in cells]  # type: ignore[index]  # scored only
-            normalised = group_advantages(values, ASYNC_RULE, scale=self.scale_rewards == "group")
+            normalised = group_advantages(values, self.scale_rewards)
             for (i, t), a in zip(cells, normalised, strict=True):
                 out[i][t] = a  # type: ignore[index,assignment]  # a scored episode's list, and a float
         return out, formed
@@ -265,8 +261,17 @@ def estimate(estimator: CreditEstimator, credits: Sequence[EpisodeCredit]) -> li
 
 
 def _rms_scaled(centred: list[list[float]]) -> list[list[float]]:
+    """``centred`` divided by its root mean square over the turns, Bessel-corrected over the episodes, + ``EPS``.
+
+    With ``n`` episodes of equal length this is the group std of ``advantages.group_normalise`` (the baseline is a
+    mean over the same ``n`` episodes), so the two scales agree there.
+    """
     cells = [x for row in centred for x in row]
-    scale = math.sqrt(math.fsum(x * x for x in cells) / len(cells)) + EPS if cells else 1.0
+    if not cells:
+        return centred
+    n = len(centred)
+    correction = n / (n - 1) if n > 1 else 1.0
+    scale = math.sqrt(math.fsum(x * x for x in cells) / len(cells) * correction) + EPS
     return [[x / scale for x in row] for row in centred]
 
 

@@ -19,7 +19,7 @@ from trl import GRPOTrainer
 
 from trl_env.errors import ConfigError
 from trl_env.rollout import History, Rollout
-from trl_env.train.advantages import GRPO_RULE, group_normalise, nan_std
+from trl_env.train.advantages import episode_advantages, nan_std, weighted_rewards
 from trl_env.train.credit import (
     CreditEstimator,
     EpisodeCredit,
@@ -53,49 +53,6 @@ from trl_env.train.trl_internals import (
 from trl_env.train.trl_output import to_trl_rows
 
 __all__ = ["EpisodeGRPOTrainer", "env_reward_columns", "episode_advantages"]
-
-
-def weighted_rewards(rewards_per_func: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """TRL's weighted reward per episode, ``sum_k w_k R_k`` over the functions that scored it; NaN where none did."""
-    rewards = (rewards_per_func * weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
-    rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
-    return rewards
-
-
-def episode_advantages(
-    rewards_per_func: torch.Tensor,
-    weights: torch.Tensor,
-    num_generations: int,
-    *,
-    scale_rewards: str = "group",
-    aggregation: str = "sum_then_normalize",
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One advantage per episode, exactly as TRL 1.16 computes one per completion (``_generate_and_score_completions``).
-
-    ``rewards_per_func`` is (episodes, reward functions), NaN where a function gave ``None``; an episode with every
-    entry NaN (a failed one) is out of its group's mean and std and gets advantage 0. Consecutive ``num_generations``
-    episodes form a group. Returns the advantages and the weighted rewards (NaN for unscorable episodes).
-    """
-    weights = weights.to(rewards_per_func.device)
-    if aggregation == "sum_then_normalize":
-        rewards = weighted_rewards(rewards_per_func, weights)
-        by_group = rewards.view(-1, num_generations)
-        if scale_rewards == "batch":
-            std = nan_std(rewards).expand_as(rewards) if rewards.numel() > 1 else torch.zeros_like(rewards)
-            advantages = group_normalise(by_group, GRPO_RULE, scale=False).flatten() / (std + GRPO_RULE.eps)
-        else:
-            advantages = group_normalise(by_group, GRPO_RULE, scale=scale_rewards != "none").flatten()
-    elif aggregation == "normalize_then_sum":
-        grouped = rewards_per_func.view(-1, num_generations, rewards_per_func.size(1))
-        reward_k = group_normalise(grouped, GRPO_RULE).view(-1, rewards_per_func.size(1))  # each function's own
-        rewards = (reward_k * weights.unsqueeze(0)).nansum(dim=1)
-        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
-        std = nan_std(rewards).expand_as(rewards) if rewards.numel() > 1 else torch.zeros_like(rewards)
-        advantages = (rewards - torch.nanmean(rewards)) / (std + GRPO_RULE.eps)
-    else:
-        raise ConfigError(f"multi_objective_aggregation={aggregation!r}: expected 'sum_then_normalize' or "
-                          "'normalize_then_sum'.")  # fmt: skip
-    return torch.nan_to_num(advantages, nan=0.0), rewards
 
 
 def env_reward_columns(reward_funcs: Sequence[Any]) -> list[int]:

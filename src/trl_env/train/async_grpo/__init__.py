@@ -21,8 +21,9 @@ The rows:
   is always one row, with no re-tokenisation), ``completion_mask`` = 0 over the prompt then trl-env's
   ``env_mask`` (1 = sampled by the model), ``old_log_probs`` = 0 over the prompt then the sampler's
   processed logprobs (0 at env tokens); numpy int64 / int64 / float32.
-* ``advantage``: TRL async's formula, per group over its *scored* episodes: ``(r - mean) / (std + 1e-8)``
-  with the population std (``scale_rewards="none"``: ``r - mean``). A failed episode (``Ending.ERROR``) is
+* ``advantage``: the one group rule (``trl_env.train.advantages``, TRL ``GRPOTrainer``'s), per group over its
+  *scored* episodes: ``(r - mean) / (std + 1e-4)`` with the Bessel-corrected std (``scale_rewards="none"``:
+  ``r - mean``). A failed episode (``Ending.ERROR``) is
   left out of the statistics and never pushed; it is counted (``rollout/failed_frac``). An episode that did
   not fail but has no reward (the model never acted) is "unscored": like TRL, it gets advantage 0
   (``unscored="zero"``), or it is dropped (``unscored="drop"``); having no trained token, it is never pushed.
@@ -50,11 +51,10 @@ at all; see its docstring and ``docs/async.md``.
 """
 
 from trl_env.train.async_grpo.cpu import patch_for_cpu
-from trl_env.train.async_grpo.samples import ADVANTAGE_EPS, GroupRecord, ScaleRewards, Unscored, group_advantages
+from trl_env.train.async_grpo.samples import GroupRecord, ScaleRewards, Unscored, group_advantages
 from trl_env.train.async_grpo.worker import LORA_NAME, TrlEnvRolloutWorker, WorkerOptions
 
 __all__ = [
-    "ADVANTAGE_EPS",
     "LORA_NAME",
     "GroupRecord",
     "ScaleRewards",

@@ -18,8 +18,7 @@ import numpy as np
 
 from trl_env.rollout import Rollout
 from trl_env.rollout.records import Row, Turn
-from trl_env.train.advantages import ASYNC_RULE
-from trl_env.train.advantages import group_advantages as _group_advantages
+from trl_env.train.advantages import ScaleRewards, group_advantages
 from trl_env.train.credit import EpisodeCredit, credit_metrics
 from trl_env.train.metrics import log_metrics
 from trl_env.train.trl_internals import rollout_sample_type
@@ -27,21 +26,9 @@ from trl_env.train.trl_internals import rollout_sample_type
 if TYPE_CHECKING:
     from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
-ADVANTAGE_EPS = ASYNC_RULE.eps
-"""TRL async's epsilon in ``(r - mean) / (std + eps)`` (``_score_group``): ``trl_env.train.advantages.ASYNC_RULE``."""
+__all__ = ["GroupRecord", "ScaleRewards", "Unscored", "episode_samples", "group_advantages", "turn_samples"]
 
-ScaleRewards = Literal["group", "none"]
 Unscored = Literal["zero", "drop"]
-
-
-def group_advantages(rewards: Sequence[float | None], scale_rewards: ScaleRewards = "group") -> list[float | None]:
-    """TRL async GRPO's advantages for one group: ``None`` (unscored) members are out of the statistics.
-
-    ``(r - mean) / (std + 1e-8)`` over the scored members, with the population std (ddof=0), as TRL's
-    ``AsyncRolloutWorker._score_group`` (``trl_env.train.advantages.ASYNC_RULE``); ``scale_rewards="none"`` gives
-    ``r - mean``. Unscored members stay ``None``. A non-finite reward counts as unscored.
-    """
-    return _group_advantages(rewards, ASYNC_RULE, scale=scale_rewards == "group")
 
 
 @dataclass(frozen=True)

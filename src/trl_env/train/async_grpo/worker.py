@@ -84,7 +84,7 @@ class TrlEnvRolloutWorker:
         lora_name: the adapter prefix the trainer publishes (``"trl-policy"``): every new turn names
             ``{lora_name}-v{version}``. ``None`` when the trainer syncs full weights (NCCL or a custom
             ``weight_transfer``): requests then keep the generator's model name.
-        scale_rewards: ``"group"`` (TRL async: divide by the group's std + 1e-8) or ``"none"``.
+        scale_rewards: ``"group"`` (divide by the group's std + 1e-4, ``trl_env.train.advantages``) or ``"none"``.
         credit: each turn's advantage (docs/credit.md). ``"episode"`` (default): every token gets its episode's group
             advantage, one sample per row (TRL's rule). A ``train.credit.CREDIT_ESTIMATORS`` name (``"discounted"``,
             ``"gigpo"``, ``"per_turn_index"``, built with ``scale_rewards``) or a ``CreditEstimator``: the episode
