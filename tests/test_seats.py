@@ -14,8 +14,9 @@ from seat_games import SecretNim
 
 from trl_env import Budgets, ChatMLProcessor, ConfigError, Ending
 from trl_env.backends.base import Generation, GeneratorBase
-from trl_env.rollout.seated import play_seats
+from trl_env.rollout.seated import play_seats, seat_counts, seat_rates
 from trl_env.seats import POLICY, Frozen, SeatedEnv, Seating
+from trl_env.train.trl_output import to_trl_rows
 
 
 def take(n: str):
@@ -72,6 +73,17 @@ def test_a_fixed_seat_plays_inside_the_policy_seat_step_and_has_no_episode(token
     assert "Opponent took 2. Pile: 2. Your card: card-4-B" in tokenizer.decode(policy.rows[0].prompt_ids)
 
 
+def test_a_seat_that_never_moved_counts_in_its_seats_statistics(tokenizer):
+    """Piles of 1 and 2: seat 0 takes the last one at once, so seat 1 loses without a turn (nothing to train on)."""
+    rollouts = play(["1", "1", "2", "2", "3", "3"], SELF_PLAY, tokenizer, ReplyGenerator(tokenizer, take("2")))
+    assert [len(r.turns) for r in rollouts] == [1, 0, 1, 0, 1, 1] and rollouts[1].reward is None
+    assert [r.info["seat_reward"] for r in rollouts] == [1.0, -1.0, 1.0, -1.0, -1.0, 1.0]
+    rates = seat_rates(seat_counts(rollouts))
+    assert rates["seat1/scored"] == 3 and rates["seat1/loss_rate"] == pytest.approx(2 / 3)  # two without a turn
+    assert rates["seat1/win_rate"] == pytest.approx(1 / 3)
+    assert rates["seat1/turns_mean"] == pytest.approx(1 / 3) and rates["seat0/win_rate"] == pytest.approx(2 / 3)
+
+
 def test_waiting_for_the_other_seat_is_not_timed_by_env_timeout(tokenizer):
     class Slow(ReplyGenerator):
         def submit(self, requests):
@@ -110,6 +122,8 @@ def test_one_seat_failing_fails_the_game_for_every_seat_with_the_reason(tokenize
     assert all(r.info["error_kind"] == "server_error" for r in game0)
     assert game0[0].info["seat_failed"] == 1 and "seat 1 of this game failed" in game0[0].error
     assert "server down" in game0[1].error
+    assert [r.info["seat_failed"] for r in game0] == [1, 1]  # the failing seat says so too
+    assert all("seat_failed" not in r.info for r in game1)
     assert [r.ending for r in game1] == [Ending.ENV_DONE] * 2  # the other game is untouched
 
 
@@ -120,14 +134,17 @@ def test_a_hung_game_times_out_and_fails_both_seats(tokenizer):
     assert [r.info["error_kind"] for r in rollouts] == ["env_timeout"] * 2
 
 
-def test_a_seat_cut_by_max_turns_ends_the_game_for_both_scored_as_truncated(tokenizer):
+def test_a_seat_cut_by_max_turns_truncates_the_game_for_every_seat_in_endings_rewards_and_masks(tokenizer):
     seating = Seating(SecretNim, (POLICY, POLICY), truncated_reward=-0.5)
     rollouts = play(["20", "20"], seating, tokenizer, ReplyGenerator(tokenizer, take("1")),
                     budgets=Budgets(max_turns=2, max_new_tokens=4))  # fmt: skip
-    assert [r.ending for r in rollouts] == [Ending.MAX_TURNS, Ending.ENV_DONE]
-    assert [r.reward for r in rollouts] == [-0.5, -0.5]
+    assert [r.ending for r in rollouts] == [Ending.MAX_TURNS] * 2 and all(r.truncated for r in rollouts)
+    assert [r.reward for r in rollouts] == [-0.5, -0.5] and [len(r.turns) for r in rollouts] == [2, 2]
     assert "cut by trl-env (max_turns) at seat 0" in rollouts[0].info["env"]["reason"]
     assert "seat 0's episode ended" in rollouts[1].info["env"]["reason"]
+    # mask_truncated_completions: neither seat's row of the unfinished game is trained (both are without it)
+    assert not any(any(mask) for mask in to_trl_rows(rollouts, mask_truncated=True)[0]["env_mask"])
+    assert all(any(mask) for mask in to_trl_rows(rollouts)[0]["env_mask"])
 
 
 def test_a_game_that_raises_fails_both_seats(tokenizer):
@@ -138,6 +155,7 @@ def test_a_game_that_raises_fails_both_seats(tokenizer):
     rollouts = play(["5", "5"], Seating(Broken, (POLICY, POLICY)), tokenizer, ReplyGenerator(tokenizer, take("1")))
     assert [r.info["error_kind"] for r in rollouts] == ["env_exception"] * 2
     assert "rules bug" in rollouts[0].error
+    assert [r.info["seat_failed"] for r in rollouts] == [0, 0]  # seat 0's move raised
 
 
 def test_bad_seatings_and_seeds_fail_early_with_the_fix(tokenizer):
@@ -222,7 +240,7 @@ def test_a_frozen_seat_cut_by_max_turns_ends_the_game_scored_as_truncated(tokeni
     seating = Seating(SecretNim, (Frozen(ReplyGenerator(tokenizer, take("1"))), POLICY), truncated_reward=-0.5)
     [r] = play(["20"], seating, tokenizer, ReplyGenerator(tokenizer, take("1")),
                budgets=Budgets(max_turns=2, max_new_tokens=4))  # fmt: skip
-    assert (r.ending, r.reward, r.info["seat"]) == (Ending.ENV_DONE, -0.5, 1)
+    assert (r.ending, r.reward, r.info["seat"]) == (Ending.MAX_TURNS, -0.5, 1)  # the game was cut: truncated
     assert "seat 0's episode ended" in r.info["env"]["reason"]
 
 

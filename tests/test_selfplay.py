@@ -39,6 +39,22 @@ def test_per_seat_rates_by_hand():
     assert seat_rates(seat_counts([Rollout.single("1", [1], [2], [0.0], [1], (), None, Ending.ENV_DONE)])) == {}
 
 
+def test_a_tictactoe_win_by_the_opponents_invalid_moves_counts_for_the_seat_that_never_moved(tokenizer):
+    from tests.helpers import ReplyGenerator
+    from trl_env import Budgets
+    from trl_env.rollout.seated import play_seats
+
+    generator = ReplyGenerator(tokenizer, lambda prompt: "hello<|im_end|>")  # never a cell: an invalid move
+    rollouts = play_seats(["1", "1", "2", "2"], SELF_PLAY, ChatMLProcessor(), tokenizer, generator,
+                          budgets=Budgets(max_turns=4, max_new_tokens=6))  # fmt: skip
+    # TextArena's error allowance: seat 0's first invalid move is retried, its second loses the game
+    assert [len(r.turns) for r in rollouts] == [2, 0, 2, 0] and all(r.ending is Ending.ENV_DONE for r in rollouts)
+    assert [r.reward for r in rollouts] == [-1.0, None, -1.0, None]  # nothing to train on for seat 1
+    rates = seat_rates(seat_counts(rollouts))
+    assert (rates["seat1/scored"], rates["seat1/win_rate"], rates["seat1/invalid_move_rate"]) == (2, 1.0, 0.0)
+    assert (rates["seat0/scored"], rates["seat0/loss_rate"], rates["seat0/invalid_move_rate"]) == (2, 1.0, 1.0)
+
+
 def test_grpo_trainer_plays_both_seats_and_logs_per_seat_metrics(tmp_path, model, tokenizer):
     rollout_func = make_rollout_func(SELF_PLAY, ChatMLProcessor(), **OPTIONS)
     history = train_grpo(tmp_path, model, tokenizer, rollout_func, ["1", "2"], batch=8, max_completion_length=512)

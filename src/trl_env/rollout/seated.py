@@ -154,17 +154,28 @@ def check_executor(env_factory: object, env_executor: str) -> None:
 def _settle(
     rollouts: list[Rollout], match: Match, seats: Sequence[int], game: int, frozen: Sequence[tuple[int, Rollout]]
 ) -> list[Rollout]:
-    """The policy seat rollouts of one game: seed, seat and game recorded; all failed when one seat's episode failed.
+    """The policy seat rollouts of one game, the game's rules applied to every seat alike.
 
-    ``frozen``: the game's frozen seats and their rollouts, which count for the failure rule only.
+    Each records its seed, seat and game, and its return in the game (``info["seat_reward"]``, also for a seat that
+    never moved). One seat's episode failed: every seat failed, each saying which (``info["seat_failed"]``). One was
+    cut (``max_turns``, a token budget): the game is unfinished, so every seat that the game's end left ``env_done``
+    is truncated with it (the cut seat's ending), as its reward (``truncated_reward``) already says.
+    ``frozen``: the game's frozen seats and their rollouts, which count for these rules only.
     """
     played = [*zip(seats, rollouts, strict=True), *frozen]
     failed = next(((s, r) for s, r in played if r.ending is Ending.ERROR), None)
+    cut = next((r.ending for _, r in played if r.truncated), None) if match.reason else None  # ended unfinished
     out = []
     for seat, r in zip(seats, rollouts, strict=True):
         info = {**r.info, "seat": seat, "game": game}
         r = dataclasses.replace(r, seed=match.seed, info=info)
-        if failed is not None and r.ending is not Ending.ERROR:
+        if failed is None:
+            info["seat_reward"] = match.rewards[seat]  # the game's return (truncated_reward for a cut game)
+            if cut is not None and r.ending is Ending.ENV_DONE:
+                r = dataclasses.replace(r, ending=cut)
+        elif r.ending is Ending.ERROR:
+            info["seat_failed"] = seat  # its own episode failed (the first such seat fails the others)
+        else:
             culprit, cause = failed
             first = cause.error.split("\n", 1)[0]
             info.update(seat_failed=culprit, error_kind=cause.info.get("error_kind", "env_exception"))
@@ -180,9 +191,11 @@ _COUNTED = ("episodes", "errors", "scored", "reward", "win", "draw", "loss", "tu
 def seat_counts(rollouts: Sequence[Rollout]) -> dict[str, float]:
     """Per seat (``Rollout.info["seat"]``), the sums ``seat_rates`` turns into rates: ``"seat{s}/{name}"``.
 
-    ``scored`` episodes have a reward (not failed, at least one model turn); a win is a positive return, a loss a
-    negative one, a draw 0 (TextArena's 1 / -1 / 0). ``invalid_move`` counts episodes whose env info says so.
-    Rollouts without a seat are left out. Sums (not rates) so that processes can add them up first.
+    ``scored`` episodes are the games the seat was in that did not fail, whether or not it moved; their return is
+    ``info["seat_reward"]`` (``play_seats`` records it; else the rollout's reward). A win is a positive return, a loss
+    a negative one, a draw 0 (TextArena's 1 / -1 / 0). ``invalid_move`` counts the episodes whose env info says
+    ``invalid_move`` is ``True`` (``Rollout.info["env"]``: the game's ``info``, with its ``"seats"`` entry for this
+    seat). Rollouts without a seat are left out. Sums (not rates) so that processes can add them up first.
     """
     counts: dict[str, float] = {}
     for r in rollouts:
@@ -192,7 +205,7 @@ def seat_counts(rollouts: Sequence[Rollout]) -> dict[str, float]:
         facts = r.info.get("env")
         env = facts if isinstance(facts, dict) else {}
         failed = r.ending is Ending.ERROR
-        reward = r.reward
+        reward = None if failed else r.info.get("seat_reward", r.reward)
         values = {
             "episodes": 1.0,
             "errors": float(failed),
