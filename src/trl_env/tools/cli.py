@@ -80,6 +80,7 @@ def additivity(args: argparse.Namespace) -> int:
 def evaluate_command(args: argparse.Namespace) -> int:
     """Run ``trl-env eval``; returns the exit status."""
     from trl_env.errors import ConfigError
+    from trl_env.rollout.failures import FailureLog
     from trl_env.rollout.records import Budgets
     from trl_env.tools.evaluate import evaluate, load_env_factory, seat_table
 
@@ -114,6 +115,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
                           env_timeout=args.env_timeout, history=args.history,
                           template_kwargs=template_kwargs)  # fmt: skip
     print(summary.table())
+    FailureLog(stop_on_config_failure=False, say=lambda said: print(said, file=sys.stderr))(rollouts)
     if seat_table(rollouts):
         print(f"\n{seat_table(rollouts)}")
     if args.out:

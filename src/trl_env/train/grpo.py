@@ -23,6 +23,7 @@ from trl_env.env import Env, RowSeed, Seed
 from trl_env.errors import ConfigError, TrlEnvError
 from trl_env.render.processors.base import Processor, check_processor
 from trl_env.rollout import Ending, History, Rollout, batch_rollout
+from trl_env.rollout.failures import FailureLog
 from trl_env.rollout.isolation import isolated
 from trl_env.rollout.seated import check_executor, play_seats
 from trl_env.rollout.transcripts import write_transcripts
@@ -214,6 +215,7 @@ class RolloutFunction:
         """``make_rollout_func``'s ``credit=``, read by ``EpisodeGRPOTrainer`` (GRPOTrainer takes only "episode")."""
         self._generators: dict[int, Generator] = {}
         self._template_check: RolloutCheck | None = None
+        self.failures = FailureLog(stop_on_config_failure=options.engine.stop_on_config_failure)
         self.mask_truncated = False
         """The trainer's ``mask_truncated_completions``, read at each call (trl-env applies it, TRL's rule is off)."""
 
@@ -271,6 +273,7 @@ class RolloutFunction:
                 template_kwargs=engine.template_kwargs,
             )
         log_metrics(trainer, rollouts)
+        self.failures(rollouts, step=int(getattr(getattr(trainer, "state", None), "global_step", 0)) + 1)
         self._write_transcripts(trainer, rollouts, tokenizer)
         if engine.history is History.SAMPLED:  # deployed rows are the template's rendering by construction
             self._check_template(rollouts, tokenizer)

@@ -55,6 +55,10 @@ class EngineOptions:
     """Give a turn cut by ``max_new_tokens`` to the env as an action instead of ending the episode."""
     strict: bool = False
     """Raise the first env or processor error instead of recording it on its episode (for debugging)."""
+    stop_on_config_failure: bool = True
+    """Stop training (``ConfigFailureError``) at a step in which every episode failed for one configuration reason:
+    a processor or chat template that cannot render the request, or budgets that leave the opening prompt no room
+    (``trl_env.rollout.failures``). ``False`` trains on, saying so in the log."""
     env_workers: int = 16
     """Threads running user code and tokenisation."""
     env_timeout: float | None = 300.0
@@ -125,6 +129,7 @@ class EngineKeywords(TypedDict, total=False):
 
     parse_truncated_turns: bool
     strict: bool
+    stop_on_config_failure: bool
     env_workers: int
     env_timeout: float | None
     env_executor: str
