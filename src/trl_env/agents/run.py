@@ -10,7 +10,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-if TYPE_CHECKING:  # the `openai` package is the "agents" extra, imported only when a client is built
+if TYPE_CHECKING:  # the `openai` package is the "agents" extra, `anthropic` the "agents-dialects" one
+    from anthropic import Anthropic, AsyncAnthropic
     from openai import AsyncOpenAI, OpenAI
 
 __all__ = ["AgentProgram", "AgentRun"]
@@ -67,6 +68,42 @@ class AgentRun:
 
         kwargs.setdefault("http_client", local_async_client(self.base_url))
         return openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, **kwargs)
+
+    def anthropic(self, **kwargs: Any) -> Anthropic:
+        """A real ``anthropic.Anthropic`` client bound to this episode (Messages, ``POST /v1/messages``).
+
+        Needs the ``anthropic`` package (``pip install 'trl-env[agents-dialects]'``); in-process as ``openai``.
+        """
+        import anthropic
+
+        from trl_env.agents.local import local_client
+
+        kwargs.setdefault("http_client", local_client(self.base_url, http=_anthropic_http()))
+        return anthropic.Anthropic(base_url=self.root_url, api_key=self.api_key, **kwargs)
+
+    def async_anthropic(self, **kwargs: Any) -> AsyncAnthropic:
+        """A real ``anthropic.AsyncAnthropic`` client bound to this episode (``kwargs`` as for ``anthropic``)."""
+        import anthropic
+
+        from trl_env.agents.local import local_async_client
+
+        kwargs.setdefault("http_client", local_async_client(self.base_url, http=_anthropic_http()))
+        return anthropic.AsyncAnthropic(base_url=self.root_url, api_key=self.api_key, **kwargs)
+
+    @property
+    def root_url(self) -> str:
+        """The gateway's root, ``base_url`` without ``/v1``: what the Anthropic SDK takes (it adds ``/v1/messages``)."""
+        return self.base_url.removesuffix("/v1")
+
+
+def _anthropic_http() -> Any:
+    """The ``httpx`` package the installed Anthropic SDK builds its clients on (``httpx2`` from 2.x, else ``httpx``)."""
+    import importlib
+
+    import anthropic
+
+    # its public DefaultHttpxClient subclasses that package's Client (no private module of the SDK is read)
+    return importlib.import_module(anthropic.DefaultHttpxClient.__mro__[1].__module__.split(".")[0])
 
 
 AgentProgram: TypeAlias = Callable[[AgentRun], "float | None"] | Callable[[AgentRun], Awaitable["float | None"]]

@@ -25,6 +25,7 @@ __all__ = [
     "SamplingEnv",
     "SamplingEnvFactory",
     "normalize",
+    "token_bytes",
     "wire_message",
 ]
 
@@ -102,6 +103,8 @@ class Reply(str):
     prompt_tokens: int
     _tokens: tuple[str, ...] | None
     _decode_one: Callable[[int], str] | None
+    _token_bytes: tuple[bytes, ...] | None
+    _bytes_one: Callable[[int], bytes] | None
 
     def __new__(
         cls,
@@ -115,13 +118,20 @@ class Reply(str):
         prompt_tokens: int,
         tokens: Sequence[str] | None = None,
         decode_one: Callable[[int], str] | None = None,
+        token_bytes: Sequence[bytes] | None = None,
+        bytes_one: Callable[[int], bytes] | None = None,
     ) -> Reply:
-        """See the fields; ``tokens`` (each id's text) or ``decode_one`` (one id's text: ``tokens`` on first read)."""
+        """See the fields; ``tokens`` / ``decode_one``: each id's text, or one id's (read on first use).
+
+        ``token_bytes`` / ``bytes_one``: each id's bytes, or one id's (neither: each token's text encoded).
+        """
         self = super().__new__(cls, action)
         self.message, self.reasoning_field, self.finish_reason = message, reasoning_field, finish_reason
         self.token_ids, self.logprobs, self.prompt_tokens = tuple(token_ids), tuple(logprobs), prompt_tokens
         self._tokens = None if tokens is None else tuple(tokens)
         self._decode_one = decode_one
+        self._token_bytes = None if token_bytes is None else tuple(token_bytes)
+        self._bytes_one = bytes_one
         return self
 
     @property
@@ -135,11 +145,57 @@ class Reply(str):
             self._tokens = tuple(decode(i) for i in self.token_ids) if decode is not None else ()
         return self._tokens
 
+    @property
+    def token_bytes(self) -> tuple[bytes, ...]:
+        """Each sampled id's own bytes (``token_bytes``), for ``logprobs``: whole where ``tokens`` shows U+FFFD.
+
+        Read on first use, as ``tokens``.
+        """
+        if self._token_bytes is None:
+            one = self._bytes_one
+            self._token_bytes = (
+                tuple(one(i) for i in self.token_ids) if one is not None else tuple(t.encode() for t in self.tokens)
+            )
+        return self._token_bytes
+
     def __reduce__(self) -> tuple[Any, ...]:  # keeps the reply across a process boundary (process executor)
         fields = {"reasoning_field": self.reasoning_field, "finish_reason": self.finish_reason,
                   "token_ids": self.token_ids, "logprobs": self.logprobs, "prompt_tokens": self.prompt_tokens,
-                  "tokens": self.tokens}  # fmt: skip  # decoded here: the tokenizer stays in this process
+                  "tokens": self.tokens, "token_bytes": self.token_bytes}  # fmt: skip  # read here: no tokenizer
         return (_reply, (str(self), self.message, fields))
+
+
+def _byte_level_table() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, character to byte (``tokenizers``' ``ByteLevel`` pre-tokenizer and decoder)."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    others = [b for b in range(256) if b not in printable]
+    table = {chr(b): b for b in printable}
+    table.update({chr(256 + n): b for n, b in enumerate(others)})
+    return table
+
+
+_BYTES = _byte_level_table()
+
+
+def token_bytes(tokenizer: Any, token_id: int) -> bytes:
+    """One id's own bytes: what it adds to the UTF-8 of a text, even where it holds part of a character.
+
+    Byte-level BPE vocabularies (GPT-2, Qwen, Llama 3) map each byte to a character: their pieces are read back
+    through that table; SentencePiece byte pieces (``<0xE4>``) are that byte; special and added tokens, and any other
+    vocabulary, are their decoded text (exact wherever an id holds whole characters).
+    """
+    if token_id not in getattr(tokenizer, "added_tokens_decoder", {}):
+        piece = tokenizer.convert_ids_to_tokens(token_id)
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        decoder = getattr(backend, "decoder", None)
+        if isinstance(piece, str) and type(decoder).__name__ == "ByteLevel" and all(c in _BYTES for c in piece):
+            return bytes(_BYTES[c] for c in piece)
+        if isinstance(piece, str) and len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            try:
+                return bytes([int(piece[3:5], 16)])
+            except ValueError:
+                pass
+    return str(tokenizer.decode([token_id], skip_special_tokens=False)).encode()
 
 
 def _reply(action: str, message: Message, fields: dict[str, Any]) -> Reply:

@@ -19,7 +19,7 @@ from typing import Any
 from trl_env.backends.base import FinishReason, Generation
 from trl_env.env import Closable, Env, Seed, Truncatable, check_result
 from trl_env.errors import ConfigError, EnvError, EpisodeFailure, ProcessorError
-from trl_env.render.chat import ChatHistories, ChatRequest, Reply, normalize
+from trl_env.render.chat import ChatHistories, ChatRequest, Reply, normalize, token_bytes
 from trl_env.render.env_text import EnvText, call
 from trl_env.render.history import Conversation, DeployedHistory
 from trl_env.render.processors.base import FamilyProcessor, Processor
@@ -208,6 +208,7 @@ class Calls:
             token_ids=sampled.token_ids,
             logprobs=sampled.logprobs,
             decode_one=functools.partial(_decode_one, decode),  # only if the call asks for logprobs (agents/wire.py)
+            bytes_one=functools.partial(token_bytes, self.text.tokenizer),  # the same, for logprobs' bytes
             prompt_tokens=len(messages.ids),
         )
         result = call("env_exception", env.step, reply)
