@@ -22,14 +22,15 @@ from trl_env.backends.vllm_server import VLLMServerGenerator
 from trl_env.env import Env, RowSeed, Seed
 from trl_env.errors import ConfigError, TrlEnvError
 from trl_env.render.processors.base import Processor, check_processor
-from trl_env.rollout import Ending, History, Rollout, batch_rollout
+from trl_env.rollout import Ending, History, Rollout
 from trl_env.rollout.failures import FailureLog
 from trl_env.rollout.isolation import isolated
-from trl_env.rollout.seated import check_executor, play_seats
+from trl_env.rollout.seated import check_executor
 from trl_env.rollout.transcripts import write_transcripts
 from trl_env.seats import Seating
 from trl_env.tools.additivity import RolloutCheck
 from trl_env.train.credit import CreditEstimator, credit_estimator
+from trl_env.train.episodes import run_episodes
 from trl_env.train.metrics import log_metrics
 from trl_env.train.options import (
     BackendOptions,
@@ -256,22 +257,9 @@ class RolloutFunction:
         trainer.mask_truncated_completions = False
         engine = self.options.engine
         with gen.session():  # e.g. wake a sleeping colocated vLLM
-            run = play_seats if isinstance(self.env_factory, Seating) else batch_rollout
-            rollouts = run(
-                [_seed_or_error(p) for p in prompts],
-                self.env_factory,  # type: ignore[arg-type]  # a Seating goes to play_seats, an env factory to batch_rollout
-                self.processor,
-                tokenizer,
-                gen,
-                budgets=self.options.limits.budgets(trainer.args.max_completion_length, gen.context_limit),
-                parse_truncated_turns=engine.parse_truncated_turns,
-                strict=engine.strict,
-                env_workers=engine.env_workers,
-                env_timeout=engine.env_timeout,
-                coalesce_s=engine.coalesce_s,
-                history=engine.history,
-                template_kwargs=engine.template_kwargs,
-            )
+            budgets = self.options.limits.budgets(trainer.args.max_completion_length, gen.context_limit)
+            seeds = [_seed_or_error(p) for p in prompts]
+            rollouts = run_episodes(seeds, self.env_factory, self.processor, tokenizer, gen, engine, budgets)
         log_metrics(trainer, rollouts)
         self.failures(rollouts, step=int(getattr(getattr(trainer, "state", None), "global_step", 0)) + 1)
         self._write_transcripts(trainer, rollouts, tokenizer)

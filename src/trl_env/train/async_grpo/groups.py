@@ -22,9 +22,8 @@ from trl_env.backends.base import Generation, GenerationRequest, Generator, Gene
 from trl_env.env import Env
 from trl_env.errors import ServerError
 from trl_env.render.processors.base import Processor
-from trl_env.rollout import Budgets, Ending, History, Rollout, batch_rollout
+from trl_env.rollout import Budgets, Ending, History, Rollout
 from trl_env.rollout.records import Turn
-from trl_env.rollout.seated import play_seats
 from trl_env.seats import Seating
 from trl_env.train.async_grpo.buffer import _RolloutBuffer
 from trl_env.train.async_grpo.samples import (
@@ -38,6 +37,7 @@ from trl_env.train.async_grpo.samples import (
     turn_samples,
 )
 from trl_env.train.credit import CreditEstimator, EpisodeCredit, estimate
+from trl_env.train.episodes import run_episodes
 from trl_env.train.options import RolloutOptions
 
 if TYPE_CHECKING:
@@ -93,24 +93,11 @@ def run_group(worker: GroupWorker, group_id: int, seed: Any, claim: int) -> None
     """Run, score and push one group on ``seed`` (a group thread of ``worker``), settling its ``claim`` of rows."""
     started, version_at_start = time.time(), worker.model_version
     gen = _GroupGenerator(worker)
-    engine = worker.options.engine
-    run = play_seats if isinstance(worker.env_factory, Seating) else batch_rollout  # a Seating: games of seats
-    rollouts = run(
-        [seed] * worker.num_generations,
-        worker.env_factory,  # type: ignore[arg-type]  # a Seating goes to play_seats, an env factory to batch_rollout
-        worker.processor,
-        worker.tokenizer,
-        gen,
-        budgets=worker.budgets,
-        parse_truncated_turns=engine.parse_truncated_turns,
-        strict=engine.strict,
-        env_workers=min(engine.env_workers, worker.num_generations),
-        env_timeout=engine.env_timeout,
-        coalesce_s=engine.coalesce_s,
-        on_episode_end=lambda _: worker._tick(),
-        history=engine.history,
-        template_kwargs=engine.template_kwargs,
-    )
+    rollouts = run_episodes(
+        [seed] * worker.num_generations, worker.env_factory, worker.processor, worker.tokenizer, gen,
+        worker.options.engine, worker.budgets, env_workers=min(worker.options.engine.env_workers,
+        worker.num_generations), on_episode_end=lambda _: worker._tick(),
+    )  # fmt: skip
     ended = time.time()
     worker._tick()
     fallback = gen.first_version if gen.first_version is not None else version_at_start
