@@ -8,12 +8,10 @@ returns one row per prompt, in order.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from packaging.version import Version
 from typing_extensions import Unpack
 
 from trl_env.backends.base import Generator, as_generator
@@ -40,31 +38,19 @@ from trl_env.train.options import (
     LoggingOptions,
     RolloutOptions,
 )
-from trl_env.train.trl_internals import TESTED_TRL_RANGE, reward_signature_error, wrap_reward_calculation
+from trl_env.train.trl_internals import check_rollout_hook, take_over_truncation, wrap_reward_calculation
 from trl_env.train.trl_output import RolloutOutput, to_trl
-
-MIN_TRL = "1.16.0"
 
 
 def check_trl_version() -> None:
     """Fail with the installed and required versions if TRL lacks the ``rollout_func(prompts, trainer)`` hook.
 
-    Raises:
-        ConfigError: for a TRL older than ``MIN_TRL`` or without ``rollout_func``.
-    """
-    import trl
-    from trl import GRPOTrainer
+    The plain path's one check (``trl_internals.check_rollout_hook``); any TRL in ``SUPPORTED_TRL`` passes.
 
-    installed = trl.__version__
-    has_hook = "rollout_func" in inspect.signature(GRPOTrainer.__init__).parameters
-    wrap_error = reward_signature_error(GRPOTrainer)
-    if wrap_error is not None:
-        raise ConfigError(f"trl {installed}: {wrap_error}; install `trl{TESTED_TRL_RANGE}`.")
-    if not has_hook or Version(installed) < Version(MIN_TRL):
-        raise ConfigError(
-            f"trl {installed} is installed, trl_env needs trl>={MIN_TRL} (GRPOTrainer's rollout_func(prompts, "
-            f"trainer) hook{'' if has_hook else ', missing here'}); run `pip install 'trl{TESTED_TRL_RANGE}'`."
-        )
+    Raises:
+        ConfigError: for a TRL older than 1.16 or without ``rollout_func``.
+    """
+    check_rollout_hook()
 
 
 def env_reward(completions: list[Any], env_reward: list[float | None], **kwargs: Any) -> list[float | None]:
@@ -253,8 +239,7 @@ class RolloutFunction:
         tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)  # a processor wraps it
         _exclude_failed_from_rewards(trainer)
         # trl-env decides which episodes are truncated; TRL's own rule (last token not EOS) is switched off.
-        self.mask_truncated = bool(getattr(trainer.args, "mask_truncated_completions", False))
-        trainer.mask_truncated_completions = False
+        self.mask_truncated = take_over_truncation(trainer)
         engine = self.options.engine
         with gen.session():  # e.g. wake a sleeping colocated vLLM
             budgets = self.options.limits.budgets(trainer.args.max_completion_length, gen.context_limit)

@@ -1,28 +1,42 @@
 """Every TRL private or experimental name trl-env relies on, in one place, with the TRL versions it was checked on.
 
-trl-env's public route into TRL is ``GRPOTrainer(rollout_func=...)`` (``make_rollout_func``): it needs TRL's public
-``rollout_func(prompts, trainer)`` hook and nothing private, so it runs on any TRL that has the hook (1.16 or newer).
-Two features go further and lean on TRL internals that change between releases:
+The dependency, decided (docs/architecture.md): ``pyproject.toml`` allows ``trl>=1.16.0,<2`` (``SUPPORTED_TRL``), so
+trl-env installs next to a newer TRL. trl-env's public route into TRL is ``GRPOTrainer(rollout_func=...)``
+(``make_rollout_func``): it needs TRL's public ``rollout_func(prompts, trainer)`` hook, checked by
+``check_rollout_hook`` (the one version check of that path), and runs on any TRL in that range. What needs TRL
+internals refuses at construction on a TRL outside ``TESTED_TRL`` (``require_tested_trl``), naming the tested
+versions: ``EpisodeGRPOTrainer`` and ``TrlEnvRolloutWorker``.
 
-- ``EpisodeGRPOTrainer`` (several rows per episode, per-turn credit) runs TRL's private
-  ``GRPOTrainer._generate_and_score_completions`` with ``rollout_func``, ``_calculate_rewards`` and
-  ``num_generations`` swapped (``scoring_rows``), then corrects what it logged (``replace_logged_advantages``,
-  ``metrics``);
-- the async worker builds ``trl.experimental.async_grpo``'s ``RolloutSample`` (``rollout_sample_type``) and, on a CPU,
-  patches two of that package's module attributes (``patch_async_for_cpu``).
+The names, and why no public route exists for each (TRL 1.16):
 
-``make_rollout_func`` also wraps the trainer's ``_calculate_rewards`` (``wrap_reward_calculation``) so that failed
-episodes stay out of TRL's reward statistics; it checks the method's signature first and refuses a TRL whose differs.
+- ``GRPOTrainer._generate_and_score_completions`` with ``rollout_func``, ``_calculate_rewards`` and
+  ``num_generations`` swapped (``scoring_rows``): ``EpisodeGRPOTrainer`` hands TRL several rows per episode with its
+  own advantages; TRL's public ``rollout_func`` takes one row per prompt and has no hook for advantages.
+- ``_logs`` / ``_metrics`` / ``_pending_extra_logs`` (``replace_logged_advantages``, ``metric_lists``,
+  ``spread_pending_extras``): TRL's ``log_metric`` / ``log_extra`` queue values per call, not per episode.
+- ``_calculate_rewards`` (``calculate_rewards``, ``wrap_reward_calculation``): TRL gives a row advantage 0 only when
+  every reward function returned ``None``; a failed episode must be out of the statistics whatever the functions.
+  On an untested TRL the plain path does not wrap it (only ``env_reward``'s ``None`` keeps failed episodes out).
+- ``mask_truncated_completions`` (``take_over_truncation``): TRL's rule (last token not EOS) does not know which
+  episodes trl-env ended by a limit, and has no hook to replace the rule.
+- ``_prepare_inputs``, ``_compute_loss``, ``_step``, ``_entropy_bonus_enabled`` / ``aux_loss_enabled``
+  (``trl_prepare_inputs``, ``trl_compute_loss``, ``micro_step_index``, ``loss_extras``): token-bounded micro-batches
+  of deployed rows; ``Trainer`` offers no micro-batch hook.
+- ``_last_loaded_step`` / ``vllm_generation`` (``sync_weights_once_per_step``): ``_generate``'s weight sync, which
+  ``EpisodeGRPOTrainer`` replays because it runs the episodes itself.
+- ``_tokenizer`` (``tokenizer_of``): the processing class or a processor's tokenizer, as TRL resolved it.
+- ``trl.experimental.async_grpo``: ``RolloutSample`` (``rollout_sample_type``) and two CPU patches
+  (``patch_async_for_cpu``): the async trainer is experimental in TRL 1.16, with no stable sample type.
 
-Every one of those names is reached only through a function here, and ``tests/test_trl_internals.py`` pins what
-each does on the installed TRL, so that a TRL change fails a test, not a training run. On a TRL outside
-``TESTED_TRL``, ``EpisodeGRPOTrainer`` and ``TrlEnvRolloutWorker`` refuse at construction (``require_tested_trl``).
+Every one of those names is reached only through a function here; ``tests/test_trl_internals.py`` pins what each does
+on the installed TRL (behaviour, not source text), so that a TRL change fails a test, not a training run.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -35,8 +49,11 @@ if TYPE_CHECKING:
     import torch
     from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
+SUPPORTED_TRL_RANGE = ">=1.16.0,<2"
+"""What ``pyproject.toml`` allows: every TRL with the public ``rollout_func`` hook (the plain path)."""
+SUPPORTED_TRL = SpecifierSet(SUPPORTED_TRL_RANGE)
 TESTED_TRL_RANGE = ">=1.16.0,<1.17"
-"""The TRL versions whose internals this module was checked against (pyproject.toml declares the same range)."""
+"""The TRL versions whose internals this module was checked against: the internal features run only on these."""
 TESTED_TRL = SpecifierSet(TESTED_TRL_RANGE)
 TESTED_TRL_VERSIONS = "1.16.0"
 """The TRL releases the test suite ran on, as the error messages name them."""
@@ -46,10 +63,15 @@ REWARD_SIGNATURE = ["self", "inputs", "prompts", "completions", "completion_ids_
 
 
 def installed_trl() -> str:
-    """The installed TRL's version string."""
+    """The installed TRL's version string (the one every check here reads)."""
     import trl
 
     return str(trl.__version__)
+
+
+def internals_tested() -> bool:
+    """Whether the installed TRL is one whose internals this module was checked against."""
+    return Version(installed_trl()) in TESTED_TRL
 
 
 def require_tested_trl(feature: str) -> None:
@@ -59,11 +81,29 @@ def require_tested_trl(feature: str) -> None:
         ConfigError: naming the installed and the tested versions, and the public route that still works.
     """
     installed = installed_trl()
-    if Version(installed) not in TESTED_TRL:
+    if not internals_tested():
         raise ConfigError(
             f"{feature} relies on TRL internals checked on trl {TESTED_TRL_VERSIONS} only (trl{TESTED_TRL_RANGE}); trl "
             f"{installed} is installed. Install `pip install 'trl{TESTED_TRL_RANGE}'`, or train with plain "
             "`GRPOTrainer(rollout_func=make_rollout_func(...))`, which uses TRL's public rollout_func hook only."
+        )
+
+
+def check_rollout_hook() -> None:
+    """The plain path's one version check: a TRL in ``SUPPORTED_TRL`` whose ``GRPOTrainer`` takes ``rollout_func``.
+
+    Raises:
+        ConfigError: for an older TRL, or one without the ``rollout_func(prompts, trainer)`` hook.
+    """
+    from trl import GRPOTrainer
+
+    installed = installed_trl()
+    has_hook = "rollout_func" in inspect.signature(GRPOTrainer.__init__).parameters
+    if not has_hook or Version(installed) < Version("1.16.0"):
+        raise ConfigError(
+            f"trl {installed} is installed, trl_env needs trl{SUPPORTED_TRL_RANGE} (GRPOTrainer's "
+            f"rollout_func(prompts, trainer) hook{'' if has_hook else ', missing here'}); run "
+            f"`pip install 'trl{TESTED_TRL_RANGE}'` (tested)."
         )
 
 
@@ -88,10 +128,19 @@ RewardCalculation = Callable[..., "torch.Tensor"]
 def wrap_reward_calculation(trainer: Any, wrap: Callable[[RewardCalculation], RewardCalculation]) -> None:
     """Replace ``trainer._calculate_rewards`` (every process's rows x reward functions) by ``wrap(original)``, once.
 
-    A trainer without the method (a stand-in in a test) is left alone.
+    A trainer without the method (a stand-in in a test) is left alone; so is one on a TRL outside ``TESTED_TRL`` or
+    whose method has another signature, with a warning (only reward functions returning ``None`` for failed
+    episodes, as ``env_reward`` does, keep them out of TRL's statistics there).
     """
     calculate = getattr(trainer, "_calculate_rewards", None)
     if calculate is None or getattr(trainer, "_trl_env_excludes_failed", False):
+        return
+    why = None if internals_tested() else f"trl {installed_trl()} is not a tested version ({TESTED_TRL_VERSIONS})"
+    why = why or reward_signature_error(type(trainer))
+    if why is not None:
+        warnings.warn(f"trl_env: {why}: failed episodes are left out of TRL's reward statistics only by reward "
+                      "functions that return None for them (env_reward does).", stacklevel=2)  # fmt: skip
+        trainer._trl_env_excludes_failed = True  # warned once
         return
     trainer._calculate_rewards = wrap(calculate)
     trainer._trl_env_excludes_failed = True
@@ -157,6 +206,16 @@ def loss_extras(trainer: Any) -> list[str]:
     if getattr(trainer, "aux_loss_enabled", False):
         extras.append("the router aux loss (output_router_logits)")
     return extras
+
+
+def take_over_truncation(trainer: Any) -> bool:
+    """The trainer's ``mask_truncated_completions``, with TRL's own rule (last token not EOS) switched off.
+
+    trl-env applies the setting itself, to the episodes it reports as truncated (``Rollout.truncated``).
+    """
+    mask = bool(getattr(trainer.args, "mask_truncated_completions", False))
+    trainer.mask_truncated_completions = False
+    return mask
 
 
 def sync_weights_once_per_step(trainer: Any) -> None:
