@@ -1,9 +1,9 @@
 """``play_seats``: games of several seats as seat episodes of one ``batch_rollout`` (docs/selfplay.md).
 
 Every seat the policy plays is an episode of the one engine (``batch_rollout``), with its own conversation and rows;
-the seat episodes of a game share a ``trl_env.seats.Match``. This module builds the matches, runs the engine and
-applies the game rules afterwards: every seat's rollout says its game and seat, and a game in which one seat's episode
-failed is failed for every seat (out of every statistic), with the reason.
+the seat episodes of a game share a ``trl_env.rollout.match.Match``. This module builds the matches, runs the engine
+and applies the game rules afterwards: every seat's rollout says its game and seat, and a game in which one seat's
+episode failed is failed for every seat (out of every statistic), with the reason.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from trl_env.backends.base import as_generator
 from trl_env.env import Seed
 from trl_env.errors import ConfigError
 from trl_env.rollout.engine import batch_rollout
+from trl_env.rollout.match import Match, SeatEnv
 from trl_env.rollout.records import Ending, Rollout
-from trl_env.seats import Frozen, Match, SeatEnv, Seating
+from trl_env.seats import Frozen, Seating
 
 __all__ = ["check_executor", "play_seats", "seat_counts", "seat_rates"]
 
