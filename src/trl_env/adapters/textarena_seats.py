@@ -6,7 +6,9 @@ state of Python's global ``random`` (saved after every call, restored before the
 from it during play (Kuhn Poker shuffles a new deck each round): concurrent games then play exactly what each would
 alone. Each seat gets only the new part of its own observation, without its own move echoed back. Invalid moves
 are TextArena's: with its default error allowance a seat's first invalid move is answered with a retry, the next
-one loses the game. Rewards are TextArena's (win 1, loss -1, draw 0), known when the game ends.
+one loses the game; each seat's ``info["seats"][s]`` carries TextArena's ``invalid_move`` and ``turn_count`` for
+that player (``invalid_move`` is what ``env/seat{s}/invalid_move_rate`` counts). Rewards are TextArena's (win 1,
+loss -1, draw 0), known when the game ends.
 """
 
 from __future__ import annotations
