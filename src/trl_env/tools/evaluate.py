@@ -99,18 +99,19 @@ def seat_table(rollouts: Sequence[Rollout]) -> str:
     return "\n".join(lines)
 
 
-def load_env_factory(spec: str) -> Callable[[], Env]:
-    """``module.path:Name`` or ``path/to/file.py:Name`` -> the class or function ``Name``.
+def load_env_factory(spec: str, option: str = "--env") -> Callable[[], Env]:
+    """``module.path:Name`` or ``path/to/file.py:Name`` -> the class or function ``Name`` (``--env``, ``--seats``).
 
     Raises:
-        ConfigError: naming the spec and the expected form.
+        ConfigError: naming the option, the spec and the expected form.
     """
     target, sep, name = spec.rpartition(":")
     if not sep or not target or not name:
-        raise ConfigError(f"--env {spec!r}: expected 'module.path:EnvClass' or 'path/to/file.py:EnvClass'.")
+        name = "EnvClass" if option == "--env" else "Name"
+        raise ConfigError(f"{option} {spec!r}: expected 'module.path:{name}' or 'path/to/file.py:{name}'.")
     if target.endswith(".py"):
         if not os.path.exists(target):
-            raise ConfigError(f"--env {spec!r}: file {target!r} does not exist.")
+            raise ConfigError(f"{option} {spec!r}: file {target!r} does not exist.")
         module_name = os.path.splitext(os.path.basename(target))[0]
         sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
         module_spec = importlib.util.spec_from_file_location(module_name, target)
@@ -119,10 +120,14 @@ def load_env_factory(spec: str) -> Callable[[], Env]:
         sys.modules[module_name] = module
         module_spec.loader.exec_module(module)
     else:
-        module = importlib.import_module(target)
+        try:
+            module = importlib.import_module(target)
+        except ModuleNotFoundError as e:
+            raise ConfigError(f"{option} {spec!r}: no module {target!r} ({e}); give 'module.path:Name' of an "
+                              "importable module, or 'path/to/file.py:Name'.") from e  # fmt: skip
     factory = getattr(module, name, None)
     if not callable(factory):
-        raise ConfigError(f"--env {spec!r}: {target} has no callable {name!r}.")
+        raise ConfigError(f"{option} {spec!r}: {target} has no callable {name!r}.")
     return factory  # type: ignore[no-any-return]  # checked callable; an Env factory by contract
 
 
