@@ -262,3 +262,30 @@ def test_plain_processors_are_unchanged_by_tool_support():
     tokenizer = load_tokenizer("pypi:qwen3")
     with pytest.raises(ConfigError, match="renders unlike"):
         batch_rollout(["1"], env_factory, get_processor("qwen3_no_thinking"), tokenizer, None, history="deployed")
+
+
+@pytest.mark.parametrize("name", ["pypi:qwen3", "qwen2_5", "glm4moe"])
+def test_deployed_tool_turns_render_only_the_new_messages(name, monkeypatch):
+    """Deployed history with tool calls renders the opening and each turn's new messages, not the conversation."""
+    from trl_env.render import history as history_module
+
+    tokenizer = load_tokenizer(name) if name.startswith("pypi:") else trl_template_tokenizer(name)
+    processor = ToolProcessor.from_tokenizer(tokenizer, TOOLS, system_prompt="Use the tools.")
+    rendered, render = [], history_module._render
+
+    def counted(tok, messages, kwargs, *, prompt=True):
+        rendered.append(len(messages))
+        return render(tok, messages, kwargs, prompt=prompt)
+
+    monkeypatch.setattr(history_module, "_render", counted)
+    calls = 7  # the eighth turn answers: batch_rollout's default max_turns
+    think = (True, False) * calls if name != "qwen2_5" else (False,) * (calls + 1)  # <think> is text to Qwen 2.5
+    rollout, gen = run(tokenizer, processor, calls=calls, think=think)
+    monkeypatch.undo()
+    for request, messages in zip(gen.requests, gen.expected, strict=True):
+        assert tokenizer.decode(request, skip_special_tokens=False) == gen.render(messages, True)
+        if name.startswith("pypi:"):
+            assert request == token_rendering(tokenizer, processor, messages)
+    check_rows(rollout, gen)
+    assert len(gen.expected[-1]) >= 20
+    assert max(rendered) <= 12, f"a chat-template call rendered {max(rendered)} messages; a tool turn adds at most 3"

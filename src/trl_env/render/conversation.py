@@ -3,6 +3,10 @@
 ``Conversation`` carries an episode's messages with their rendering and ids; ``Incremental`` renders only the new
 messages where the template provably appends (checked on probe conversations) and tokenises only the new text after
 an added token the tokenizer splits on first (checked on probe texts). Anything else takes the full path.
+
+Two kinds of turns are probed apart, since templates treat them apart (Qwen 3 drops earlier reasoning at a new user
+message, not at tool results): a plain turn (a reply and a user message) and a tool turn (a reply with calls and
+its ``tool`` messages).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 Message = dict[str, Any]
@@ -20,7 +25,29 @@ _SLOT = "TRLENVSLOT7c2d{}Q"  # plain text no template rewrites; stands for a mes
 _SLOTS = re.compile(r"TRLENVSLOT7c2d(\d+)Q")
 _PLAIN_ROLES = {"system", "user", "assistant"}
 Read = tuple[tuple[Any, ...], list[str]]
-"""A shape of messages (``Incremental.read``) and their texts in slot order."""
+"""A shape of messages (``Incremental.read``) and their texts in slot order (none for a tool turn's messages)."""
+_TOOL = "tool turn"  # the last item of a tool turn message's entry in a shape: rendered, never laid out
+
+
+class TurnKind(str, Enum):
+    """What a turn adds to a conversation; the probes check each kind apart."""
+
+    PLAIN = "plain"
+    """Text messages: a reply, a user message (and system)."""
+    TOOLS = "tools"
+    """A reply with tool calls, then one ``tool`` message per result."""
+
+
+def turn_kind(messages: list[Message]) -> TurnKind | None:
+    """The kind of turn ``messages`` are; ``None``: neither (a reply with calls answered by text, ...)."""
+    structured = [m.get("role") == "tool" or bool(m.get("tool_calls")) for m in messages]
+    if not any(structured):
+        return TurnKind.PLAIN
+    first, *rest = messages
+    answered = bool(rest) and all(m.get("role") == "tool" for m in rest)
+    if first.get("role") == "assistant" and first.get("tool_calls") and answered:
+        return TurnKind.TOOLS
+    return None
 
 
 @dataclass(frozen=True)
@@ -78,7 +105,8 @@ class Conversation:
 class Verdicts:
     """What probes showed about a template (with its variables) and a tokenizer, kept for the next batches."""
 
-    appends: bool | None = None
+    appends: dict[TurnKind, bool] = field(default_factory=dict)
+    """Per kind of turn: whether the template appends it (``Incremental.appends``)."""
     clean: dict[str, bool] = field(default_factory=dict)
     rests: dict[str, list[int]] = field(default_factory=dict)
     """Ids of the text after the last cut (most often the same every turn: ``\\n`` and the generation prompt)."""
@@ -113,8 +141,9 @@ class Incremental:
     added: re.Pattern[str] | None
     tokenizer: Any
     reasoning_field: str | None
-    allowed: bool = True
-    """False for conversations of other messages (tool calls): always the full rendering."""
+    tool_turn: Callable[[int], list[Message]] | None = None
+    """A probe tool turn (a reply with calls, then its ``tool`` messages) for turn ``k``, as the conversation writes
+    them; ``None``: the conversation holds no tool turns (they take the full rendering)."""
     verdicts: Verdicts = field(default_factory=lambda: Verdicts())
     """What the probes showed; shared with the batches that render with the same template and tokenizer."""
 
@@ -137,20 +166,48 @@ class Incremental:
             known[token] = ok
         return known[token]
 
-    def appends(self) -> bool:
-        """Whether the template renders a turn's messages after the opening as they render after any history.
+    def appends(self, kind: TurnKind = TurnKind.PLAIN) -> bool:
+        """Whether the template renders a turn of ``kind`` after the opening as it renders after any history.
 
-        Checked on probe conversations (replies with and without reasoning, with and without a system message): at
-        every turn, the full rendering must be the previous one without its generation prompt plus the tail
-        rendering (the opening and the new messages, less the opening's rendering without the generation prompt).
+        Checked on probe conversations (with and without a system message): at every turn of that kind, the full
+        rendering must be the previous one without its generation prompt plus the tail rendering (the opening and
+        the new messages, less the opening's rendering without the generation prompt). Plain turns: replies with and
+        without reasoning. Tool turns: replies with calls (with and without reasoning) and their results, after
+        the opening and after a plain turn.
         """
         verdicts = self.verdicts
-        if verdicts.appends is not None:  # every turn asks: no lock once decided
-            return verdicts.appends
+        known = verdicts.appends.get(kind)
+        if known is not None:  # every turn asks: no lock once decided
+            return known
         with verdicts.lock:
-            if verdicts.appends is None:
-                verdicts.appends = self.allowed and self._probe()
-            return verdicts.appends
+            if kind not in verdicts.appends:
+                if kind is TurnKind.PLAIN:
+                    verdicts.appends[kind] = self._probe()
+                else:
+                    verdicts.appends[kind] = self.tool_turn is not None and self._probe_tools()
+            return verdicts.appends[kind]
+
+    def _probe_tools(self) -> bool:
+        assert self.tool_turn is not None
+        try:
+            for head in ([{"role": "user", "content": "Start."}],
+                         [{"role": "system", "content": "Play."}, {"role": "user", "content": "Start."}]):  # fmt: skip
+                conversation = Conversation(list(head), self.render(head, True), head=len(head))
+                for k in range(3):
+                    if k == 1:  # a plain turn between (rendered whole: only the tool turns are checked)
+                        messages = [*conversation.messages, {"role": "assistant", "content": "Answer 1."},
+                                    {"role": "user", "content": "Hint 1."}]  # fmt: skip
+                        text = self.render(messages, True)
+                    else:
+                        new = self.tool_turn(k)
+                        messages = [*conversation.messages, *new]
+                        text = self.tail(conversation, new)  # type: ignore[assignment]
+                        if text is None or text != self.render(messages, True):
+                            return False
+                    conversation = Conversation(messages, text, head=len(head), memo=conversation.memo)
+        except Exception:  # noqa: BLE001  # a template that fails on a probe: the full path decides
+            return False
+        return True
 
     def _probe(self) -> bool:
         def reply(k: int) -> Message:
@@ -185,17 +242,18 @@ class Incremental:
             head, new, memo = previous.head, messages[len(previous.messages) :], previous.memo
         else:
             return None
-        read = self.read(new) if self.allowed else None
+        kind = turn_kind(new) if previous is not None else TurnKind.PLAIN
+        read = None if kind is None else self.read(new)
         if read is None:
             return None
         text, kept = None, 0
-        if previous is not None and previous.text and self.appends():
+        if previous is not None and previous.text and self.appends(kind):  # type: ignore[arg-type]  # read: a kind
             text = self.tail(previous, new, read)
             if text is not None:  # it starts with previous.text less the generation prompt
                 kept = len(previous.text) - memo["opening"][2]
         if text is None:
             text = self.render(messages, True)
-        if previous is None and self.appends():
+        if previous is None and any(self.appends(k) for k in TurnKind):
             self._open(memo, text, self.render(messages, False))
         stable = len(text) - memo["opening"][2] if "opening" in memo else len(text)
         ids, cuts = self.tokenise(text, stable, previous, kept)
@@ -227,6 +285,8 @@ class Incremental:
             return None
         shape, values = read
         layout = memo.get(shape, False)  # the tail as a format string: template text, a {k} for each message text
+        if layout is False and any(part[-1] == _TOOL for part in shape):
+            layout = memo[shape] = None  # a tool turn's structure is the template's to lay out: rendered every time
         if layout is False:
             layout = memo[shape] = self._layout(opening, new, without)
         if layout is None:
@@ -264,20 +324,25 @@ class Incremental:
     def read(self, messages: list[Message]) -> Read | None:
         """The shape and texts of messages the probes stand for; ``None`` for others.
 
-        Those are system, user and assistant text (and the reasoning field): no tool calls, no added token's string
-        anywhere. The shape (each message's role, keys in order and which texts are empty) picks the tail layout;
-        the texts fill its slots, in order.
+        Those are system, user and assistant text (and the reasoning field), and where the conversation has tool
+        turns (``tool_turn``), a reply with calls and its ``tool`` messages; no added token's string anywhere. The
+        shape (each message's role, keys in order and which texts are empty) picks the tail layout; the texts fill
+        its slots, in order (a tool turn's messages have no slots: they are rendered).
         """
-        shape, values = [], []
+        shape, values, structured = [], [], []
         for m in messages:
             keys, role = tuple(m), m.get("role")
+            if self.tool_turn is not None and (role == "tool" or (role == "assistant" and m.get("tool_calls"))):
+                shape.append((keys, role, _TOOL))
+                structured.append(m)
+                continue
             if role not in _PLAIN_ROLES or not self._fields.issuperset(keys):
                 return None
             texts = [m[k] for k in keys if k != "role"]
             shape.append((keys, role, *map(bool, texts)))
             values += texts
         try:
-            joined = "\0".join(values)  # no added token spans the separator; a text that is no str raises
+            joined = "\0".join([*values, *(s for m in structured for s in _strings(m))])  # a text no str: raises
         except TypeError:
             return None
         if self.added is not None and self.added.search(joined):
@@ -320,3 +385,14 @@ class Incremental:
         ids += head
         ids += tail
         return ids, ((chars, count), (cut, count + len(head)))
+
+
+def _strings(value: Any) -> list[str]:
+    """Every string in a message's values, nested (tool calls' names and arguments included); keys left out."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, (list, tuple)):
+        return [s for v in value for s in _strings(v)]
+    return []

@@ -20,11 +20,11 @@ from typing import Any
 from trl_env.errors import ConfigError, EpisodeFailure, ProcessorError
 from trl_env.render.conversation import Conversation, Incremental, Verdicts, kept_verdicts
 from trl_env.render.located import CUTS, MARK, locate
-from trl_env.render.processors.base import FamilyProcessor, ParseStatus, Processor, StopStrings
+from trl_env.render.processors.base import FamilyProcessor, ParsedOutput, ParseStatus, Processor, StopStrings
 from trl_env.render.processors.derived import mismatch
 from trl_env.render.tools.probe import CALL_ID, special_spans
 from trl_env.render.tools.processor import ToolProcessor
-from trl_env.render.tools.types import ToolCalls, ToolResults
+from trl_env.render.tools.types import ToolCall, ToolCalls, ToolResult, ToolResults
 
 __all__ = ["Conversation", "DeployedHistory", "History", "Message"]
 
@@ -145,8 +145,10 @@ class DeployedHistory:
         template = str(getattr(self.tokenizer, "chat_template", "") or "")
         return next((f for f in _REASONING_FIELDS if re.search(rf"[.'\"]{f}\b", template)), None)
 
-    def reply(self, text: str) -> Message:
+    def reply(self, text: str, parsed: ParsedOutput | None = None) -> Message:
         """The sampled turn as the assistant message a chat pipeline sends back: without its end-of-turn token(s).
+
+        ``parsed``: the processor's parse of ``text``, where the caller has it (else it is parsed here).
 
         A reply with reasoning carries it as deployments do: in the template's ``reasoning_field`` (the reasoning
         and the text after it, each stripped, as the processor parses them), else in the content with the opener
@@ -164,7 +166,7 @@ class DeployedHistory:
         if family is not None and family.reply_end and text.endswith(family.reply_end):
             text = text[: -len(family.reply_end)]
         if isinstance(self.processor, ToolProcessor):
-            parsed = self.processor.parse(sampled)
+            parsed = self.processor.parse(sampled) if parsed is None else parsed
             if parsed.status is ParseStatus.TOOL_CALL and isinstance(parsed.action, ToolCalls):
                 head = self._before_calls(text.split(self.processor.format.call_marker, 1)[0])
                 return self._with_calls(self._carried(head), parsed.action)
@@ -257,8 +259,25 @@ class DeployedHistory:
         def render(messages: list[Message], prompt: bool) -> str:
             return _render(self.tokenizer, messages, kwargs, prompt=prompt)
 
-        plain, added = not isinstance(self.processor, ToolProcessor), self.text._added  # noqa: SLF001
-        return Incremental(render, self.text.encode, added, self.tokenizer, self.reasoning_field, plain, self.verdicts)
+        tool_turn = self._tool_turn if isinstance(self.processor, ToolProcessor) else None
+        added = self.text._added  # noqa: SLF001
+        return Incremental(
+            render, self.text.encode, added, self.tokenizer, self.reasoning_field, tool_turn, self.verdicts
+        )
+
+    def _tool_turn(self, k: int) -> list[Message]:
+        """A probe tool turn as ``reply`` and ``answer`` write one: calls to the first tool, then their results.
+
+        Reasoning in the template's field on even turns; two calls where the template renders parallel calls.
+        """
+        assert isinstance(self.processor, ToolProcessor)
+        tool = self.processor.format.tools[0]
+        name = str(tool.get("function", tool).get("name"))
+        calls = [ToolCall(name, {"x": k}), ToolCall(name, {"x": k + 1})][: 2 if self.processor.format.parallel else 1]
+        field = self.reasoning_field
+        carried: Message = {"content": f"Call {k}."} if field is None or k % 2 else {"content": "", field: f"Why {k}."}
+        reply = self._with_calls(carried, ToolCalls("", calls))
+        return [reply, *self.answer(ToolResults([ToolResult(c.name, f"Result {k}.") for c in calls]))]
 
     @functools.cached_property
     def verdicts(self) -> Verdicts:
@@ -279,8 +298,9 @@ class DeployedHistory:
     def extend(self, previous: Conversation | None, messages: list[Message]) -> Conversation:
         """``messages`` (``previous``'s and the new ones) with their rendering and ids: exactly ``encode(messages)``.
 
-        Where the template appends (``Incremental.appends``) and the new messages are plain text, only the opening
-        and the new messages are rendered; where no env text spells an added token, only the text after the last
+        Where the template appends turns of the new messages' kind (``Incremental.appends``: plain text, or a tool
+        turn), only the opening and the new messages are rendered; where no env text spells an added token, only the
+        text after the last
         clean added token the previous rendering shares is tokenised. Otherwise ``encode``.
         """
         conversation = self.incremental.extend(previous, messages)

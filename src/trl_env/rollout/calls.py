@@ -22,7 +22,7 @@ from trl_env.errors import ConfigError, EnvError, EpisodeFailure, ProcessorError
 from trl_env.render.chat import ChatHistories, ChatRequest, Reply, normalize, token_bytes
 from trl_env.render.env_text import EnvText, call
 from trl_env.render.history import Conversation, DeployedHistory
-from trl_env.render.processors.base import FamilyProcessor, Processor
+from trl_env.render.processors.base import FamilyProcessor, ParsedOutput, ParseStatus, Processor
 from trl_env.render.tools.processor import ToolProcessor
 from trl_env.render.tools.types import ToolResults
 
@@ -148,7 +148,8 @@ class Calls:
         next_ids = None
         if messages is not None:
             assert self.deployed is not None
-            grown = [*messages.messages, self.deployed.reply(text), *self.deployed.answer(checked.delta)]
+            reply = self.deployed.reply(text, _parsed_output(parsed, status))
+            grown = [*messages.messages, reply, *self.deployed.answer(checked.delta)]
             if checked.alive and turn < self.max_turns:
                 messages = self.deployed.extend(messages, grown)
                 next_ids = messages.ids
@@ -199,7 +200,8 @@ class Calls:
         text = call("server_error", decode, sampled.token_ids, skip_special_tokens=False)
         parsed, status = call("processor_error", _parse, history.processor, text)
         assert isinstance(parsed, tuple), "family and tool processors return (reasoning, action)"
-        message, field_name = call("processor_error", history.reply, text), history.reasoning_field
+        message = call("processor_error", history.reply, text, _parsed_output(parsed, status))
+        field_name = history.reasoning_field
         reply = Reply(
             str(message.get("content") or ""),  # what the agent is answered (the one rule), not the parse
             message,
@@ -276,6 +278,11 @@ def _parse(processor: Processor, text: str) -> tuple[object, str | None]:
         parsed = processor.parse(text)
         return (parsed.reasoning, parsed.action), parsed.status.value
     return processor.parse_agent_output(text), None
+
+
+def _parsed_output(parsed: tuple[Any, ...], status: str | None) -> ParsedOutput | None:
+    """``_parse``'s answer as the ``ParsedOutput`` it came from; ``None`` where no family or tool processor parsed."""
+    return None if status is None else ParsedOutput(parsed[0], parsed[1], ParseStatus(status))
 
 
 def check_env_timeout(env_timeout: float | None) -> None:
