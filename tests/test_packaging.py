@@ -94,3 +94,17 @@ def test_the_version_and_the_tested_versions_agree_everywhere():
     for name, by_page in stated.items():
         assert len(set(by_page.values())) == 1, f"the pages disagree on {name}: {by_page}"
     assert stated["torch"]["README.md"] == version("torch").split("+")[0]
+
+
+def test_the_agents_extra_bounds_the_libraries_whose_internals_the_gateway_uses():
+    """openai, httpx, uvicorn and starlette each have an upper bound, and what the tests ran with is inside it."""
+    from packaging.requirements import Requirement
+
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    found = re.search(r"^agents = \[(.*?)\]", text, re.M | re.S)
+    assert found is not None, "pyproject.toml has no agents extra"
+    extra = {r.name: r.specifier for r in map(Requirement, re.findall(r'"([^"]+)"', found.group(1)))}
+    for name in ("openai", "httpx", "uvicorn", "starlette"):
+        assert name in extra, f"the agents extra does not name {name}"
+        assert any(s.operator in ("<", "<=", "==", "~=") for s in extra[name]), f"{name}{extra[name]} has no bound"
+        assert extra[name].contains(version(name)), f"{name} {version(name)} is outside {extra[name]}"
