@@ -59,7 +59,7 @@ def test_every_attack_is_contained_as_an_ordinary_user():
     python = shutil.which("python3", path="/usr/bin:/bin")
     if python is None or subprocess.run([python, "-c", "import json"], capture_output=True).returncode:
         pytest.skip("no system python3 that an ordinary user can run")
-    from trl_env.sandbox import _bwrap
+    from trl_env.sandbox import find_bwrap
 
     here = tempfile.mkdtemp(prefix="trl_env_attack_user_")  # readable by the ordinary user (pytest's tmp is not)
     try:
@@ -71,7 +71,7 @@ def test_every_attack_is_contained_as_an_ordinary_user():
         uid = 43210  # no such user: an ordinary uid with nothing of its own
         proc = subprocess.run(
             ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", python, "-I", "sandbox_attacks.py",
-             os.path.join(here), _bwrap(None)],
+             os.path.join(here), find_bwrap(None)],
             cwd=here, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         if "Operation not permitted" in proc.stderr and "bwrap" in proc.stderr:

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from trl_env.adapters.openenv_schema import SCHEMA_RETRY_S as SCHEMA_RETRY_S  # kept import path (docs/openenv.md)
-from trl_env.adapters.openenv_schema import _action_field
+from trl_env.adapters.openenv_schema import action_field
 from trl_env.env import Action, Delta, Env, Seed
 from trl_env.errors import ConfigError, EnvError, EnvTimeoutError, EpisodeFailure
 
@@ -171,7 +171,7 @@ class OpenEnvAdapter(Env):
             result = self._call("reset", lambda: self._open().reset(**kwargs))
         if self._action is None:
             try:
-                self._field = _action_field(self.base_url, self.connect_timeout_s, self.headers)
+                self._field = action_field(self.base_url, self.connect_timeout_s, self.headers)
             except Exception:
                 self._close_in_background()
                 raise
@@ -207,7 +207,7 @@ class OpenEnvAdapter(Env):
                 raise
             # The server checks the action before its env sees it, so nothing moved: a redeploy may have renamed
             # the field since /schema was read. Read it again (once per server) and resend if it changed.
-            self._field = _action_field(self.base_url, self.connect_timeout_s, self.headers, stale=name)
+            self._field = action_field(self.base_url, self.connect_timeout_s, self.headers, stale=name)
             if self._field == name:
                 raise RuntimeError(
                     f"OpenEnv server {self.base_url} rejected the action {{{name!r}: text}} ({e}) although its "

@@ -1,6 +1,6 @@
 """The action field of an OpenEnv server: read once per server from its ``GET /schema``, a failure remembered.
 
-``OpenEnvAdapter`` sends the model's text as the action's only string field; ``_action_field`` names it.
+``OpenEnvAdapter`` sends the model's text as the action's only string field; ``action_field`` names it.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ _schemas: dict[str, _Schema] = {}  # base URL -> its schema; guarded by _schemas
 _schemas_lock = threading.Lock()
 
 
-def _action_field(base_url: str, timeout_s: float, headers: Mapping[str, str] | None, *, stale: str = "") -> str:
+def action_field(base_url: str, timeout_s: float, headers: Mapping[str, str] | None, *, stale: str = "") -> str:
     """The name of the action's only string field, from the server's ``GET /schema``.
 
     Read once per server (``stale``: a field the server rejected, read again); look-ups of different servers never

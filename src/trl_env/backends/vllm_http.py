@@ -22,7 +22,7 @@ from trl_env.errors import ConfigError, ServerError
 logger = logging.getLogger("trl_env.backends.vllm_server")  # the client's warnings, under the client's name
 
 
-def _http_session(n_servers: int, max_in_flight: int) -> requests.Session:
+def http_session(n_servers: int, max_in_flight: int) -> requests.Session:
     """A pooled session with a connection per request in flight."""
     session = requests.Session()
     # requests' default re-reads proxy settings from os.environ on every request (~20% of client CPU per
@@ -34,7 +34,7 @@ def _http_session(n_servers: int, max_in_flight: int) -> requests.Session:
     return session
 
 
-def _unreachable(error: requests.RequestException) -> bool:
+def is_unreachable(error: requests.RequestException) -> bool:
     """The server was not reached or did not answer in time, as opposed to a connection dropped mid-answer.
 
     Not reached: connection refused, unresolvable, connect timeout; not in time: a read timeout.

@@ -35,10 +35,10 @@ from trl_env.backends.base import (
 )
 from trl_env.backends.lora_sync import LoraSync, sync_lora
 from trl_env.backends.vllm_http import (
-    _http_session,
-    _unreachable,
     abandon,
     check_logprobs_mode,
+    http_session,
+    is_unreachable,
     parse_completion,
     parse_completions,
     served_model,
@@ -130,7 +130,7 @@ class VLLMServerGenerator(GeneratorBase):
         )
         self.timeout, self.retries, self.backoff = timeout, retries, backoff
         self.extra_body = dict(extra_body or {})
-        session = _http_session(len(self.urls), max_in_flight)
+        session = http_session(len(self.urls), max_in_flight)
         self._session = session
         self._post = post or session.post
         self._get = get or session.get
@@ -333,7 +333,7 @@ class VLLMServerGenerator(GeneratorBase):
             try:
                 response = self._post(f"{target}{path}", json=body, timeout=self.timeout)
             except (requests.ConnectionError, requests.Timeout) as e:
-                response, last, unreachable, cause = None, f"{type(e).__name__}: {e}", _unreachable(e), e
+                response, last, unreachable, cause = None, f"{type(e).__name__}: {e}", is_unreachable(e), e
             finally:
                 with self._lock:
                     self._in_flight[target] -= prompts  # 0 where ``url`` was given: nothing was acquired

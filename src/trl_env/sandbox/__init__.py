@@ -21,20 +21,20 @@ from dataclasses import dataclass
 from enum import Enum
 
 from trl_env.errors import SandboxUnavailableError
-from trl_env.sandbox.channel import _collect, _StatusLines
+from trl_env.sandbox.channel import StatusLines, collect_streams
 from trl_env.sandbox.launch import (
     SYSTEM_DIRS,
-    _ancestors,
-    _bwrap,
-    _code_process,
-    _kill_code,
-    _kill_group,
-    _memfd,
-    _nobody,
-    _prefixes,
-    _read_report,
-    _rlimit,
-    _wait_exit,
+    ancestors,
+    bound_prefixes,
+    code_process,
+    find_bwrap,
+    kill_code,
+    kill_group,
+    memfd_of,
+    nobody_ids,
+    read_report,
+    rlimit_of,
+    wait_exit,
 )
 from trl_env.sandbox.seccomp import program as seccomp_program
 
@@ -171,12 +171,12 @@ class Sandbox:
         """
         workdir = f"{WORK_PARENT}/trl_env_sandbox_{secrets.token_hex(6)}"
         root = os.geteuid() == 0
-        uid, gid = _nobody() if root and self.drop_privileges else (None, None)
+        uid, gid = nobody_ids() if root and self.drop_privileges else (None, None)
         cpu = max(1, int(self.cpu_seconds))
         filter_program = seccomp_program()
-        fds = [_memfd("main.py", code.encode("utf-8", "replace"))]  # the code reaches the sandbox by fd, no path
+        fds = [memfd_of("main.py", code.encode("utf-8", "replace"))]  # the code reaches the sandbox by fd, no path
         if filter_program is not None:
-            fds.append(_memfd("seccomp", filter_program))
+            fds.append(memfd_of("seccomp", filter_program))
         chan_r, chan_w = os.pipe()
         info_r, info_w = os.pipe()  # bwrap says there which host pid the monitor (PID 1) got
         report_r, report_w = socket.socketpair()  # the monitor's report: a socket, never reopened via /proc/N/fd
@@ -208,22 +208,22 @@ class Sandbox:
         finally:
             for fd in fds:
                 os.close(fd)
-        monitor_pidfd = _code_process(info_r, proc.pid, backstop)
-        status_lines = _StatusLines()
+        monitor_pidfd = code_process(info_r, proc.pid, backstop)
+        status_lines = StatusLines()
         with os.fdopen(chan_r, "rb") as channel, proc, report_r:  # closes the pipes at the end
             assert proc.stdout is not None and proc.stderr is not None
             try:
                 caps = {proc.stdout: self.max_output_bytes, proc.stderr: self.max_output_bytes}
-                kept, overflowed, timed_out = _collect(caps, backstop, channel, status_lines.feed)
+                kept, overflowed, timed_out = collect_streams(caps, backstop, channel, status_lines.feed)
                 if not timed_out:
-                    timed_out = not _wait_exit(proc.pid, backstop)
+                    timed_out = not wait_exit(proc.pid, backstop)
             finally:  # even if this thread is interrupted: no process outlives run()
                 # The monitor is PID 1 of the sandbox's namespace: killing it ends every process in there.
-                _kill_code(monitor_pidfd)
-                _kill_group(proc.pid)  # before reaping, so the group id cannot have been reused
+                kill_code(monitor_pidfd)
+                kill_group(proc.pid)  # before reaping, so the group id cannot have been reused
                 _, status, usage = os.wait4(proc.pid, 0)
                 proc.returncode = os.waitstatus_to_exitcode(status)
-            report = _read_report(report_r)
+            report = read_report(report_r)
         elapsed = time.monotonic() - started
         stderr = kept[proc.stderr].decode("utf-8", "replace")
         if status_lines.layers is None and not timed_out and stderr.startswith("bwrap:"):
@@ -267,7 +267,7 @@ class Sandbox:
         self, workdir: str, code_fd: int, seccomp_fd: int | None, root: bool
     ) -> tuple[list[str], tuple[str, ...]]:
         """Bubblewrap's command line (up to ``--``) and the layers it sets up."""
-        argv = [_bwrap(self.bwrap), "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+        argv = [find_bwrap(self.bwrap), "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
         argv += ["--die-with-parent", "--new-session"]  # new session: no TIOCSTI into a terminal
         argv.append("--as-pid-1")  # the code is bwrap's own child: its exit status and CPU time reach wait4
         layers = ["mountns", "pidns", "ipcns"]
@@ -286,8 +286,8 @@ class Sandbox:
             elif os.path.isdir(path):
                 argv += ["--ro-bind", path, path]
         made: set[str] = set()
-        for path in _prefixes(self.python):
-            for parent in _ancestors(path):  # bwrap would make them 0700 (e.g. /root): unreadable for nobody
+        for path in bound_prefixes(self.python):
+            for parent in ancestors(path):  # bwrap would make them 0700 (e.g. /root): unreadable for nobody
                 if parent not in made:
                     argv += ["--perms", "0755", "--dir", parent]
                     made.add(parent)
@@ -316,12 +316,12 @@ class Sandbox:
             "audit": self.audit_hook,
             "preload": list(self.preload),
             "rlimits": [  # (resource, soft, hard); RLIMIT_NPROC 0: no new processes or threads (not for root)
-                (_rlimit("RLIMIT_CPU"), cpu, cpu),  # SIGKILL (as PID 1 of its namespace, SIGXCPU is ignored)
-                (_rlimit("RLIMIT_AS"), self.memory_bytes, self.memory_bytes),
-                (_rlimit("RLIMIT_FSIZE"), self.max_file_bytes, self.max_file_bytes),
-                (_rlimit("RLIMIT_NOFILE"), self.max_open_files, self.max_open_files),
-                (_rlimit("RLIMIT_CORE"), 0, 0),
-                (_rlimit("RLIMIT_NPROC"), 0, 0),
+                (rlimit_of("RLIMIT_CPU"), cpu, cpu),  # SIGKILL (as PID 1 of its namespace, SIGXCPU is ignored)
+                (rlimit_of("RLIMIT_AS"), self.memory_bytes, self.memory_bytes),
+                (rlimit_of("RLIMIT_FSIZE"), self.max_file_bytes, self.max_file_bytes),
+                (rlimit_of("RLIMIT_NOFILE"), self.max_open_files, self.max_open_files),
+                (rlimit_of("RLIMIT_CORE"), 0, 0),
+                (rlimit_of("RLIMIT_NPROC"), 0, 0),
             ],
         }
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import IO
 
 
-class _StatusLines:
+class StatusLines:
     """The child's status channel, read line by line with bounded memory, whatever the code writes into it.
 
     The first ``layers`` line is the child's (written before the code runs); the first ``refused`` line and the
@@ -30,6 +30,7 @@ class _StatusLines:
         self._partial = b""  # the head of the line being read, at most MAX_LINE bytes
 
     def feed(self, data: bytes) -> None:
+        """Take the next bytes read from the channel."""
         first, *rest = data.split(b"\n")
         self._partial += first[: max(0, self.MAX_LINE - len(self._partial))]
         for piece in rest:  # each piece follows a newline: the line before it is complete
@@ -45,7 +46,7 @@ class _StatusLines:
             self.ended = line[4:]
 
 
-def _collect(
+def collect_streams(
     caps: dict[IO[bytes], int], deadline: float, channel: IO[bytes], on_channel: Callable[[bytes], None]
 ) -> tuple[dict[IO[bytes], bytearray], set[IO[bytes]], bool]:
     """Read every stream to EOF or the deadline, keeping the first ``caps[stream]`` bytes of each.

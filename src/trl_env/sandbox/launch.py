@@ -23,7 +23,7 @@ SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 interpreter's prefixes."""
 
 
-def _wait_exit(pid: int, deadline: float) -> bool:
+def wait_exit(pid: int, deadline: float) -> bool:
     """Wait until ``pid`` has exited (without reaping it) or the deadline passes; True if it exited."""
     while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
         if time.monotonic() >= deadline:
@@ -32,7 +32,7 @@ def _wait_exit(pid: int, deadline: float) -> bool:
     return True
 
 
-def _code_process(info: int, bwrap_pid: int, deadline: float) -> int | None:
+def code_process(info: int, bwrap_pid: int, deadline: float) -> int | None:
     """A pidfd of the code's process, from the host pid bwrap reports on ``--info-fd``; closes ``info``.
 
     ``None`` when bwrap reported nothing (it could not start the sandbox) or the process is already gone. The pidfd
@@ -63,7 +63,7 @@ def _code_process(info: int, bwrap_pid: int, deadline: float) -> int | None:
     return pidfd
 
 
-def _read_report(report: socket.socket) -> tuple[int, float] | None:
+def read_report(report: socket.socket) -> tuple[int, float] | None:
     """The monitor's report, ``exit WAIT_STATUS UTIME STIME``, as (exit code as ``Popen.returncode``, CPU seconds).
 
     ``None`` if the monitor wrote none (it was killed, or never started the code). Read once the sandbox is gone.
@@ -77,7 +77,8 @@ def _read_report(report: socket.socket) -> tuple[int, float] | None:
         return None
 
 
-def _kill_code(pidfd: int | None) -> None:
+def kill_code(pidfd: int | None) -> None:
+    """SIGKILL the code's process through its pidfd (``None``: nothing to kill) and close the pidfd."""
     if pidfd is None:
         return
     try:
@@ -88,14 +89,16 @@ def _kill_code(pidfd: int | None) -> None:
         os.close(pidfd)
 
 
-def _kill_group(pid: int) -> None:
+def kill_group(pid: int) -> None:
+    """SIGKILL the process group ``pid`` leads, if it is still there."""
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass  # already gone
 
 
-def _nobody() -> tuple[int, int]:
+def nobody_ids() -> tuple[int, int]:
+    """The uid and gid of ``nobody`` (65534 where the passwd file has no such user)."""
     try:
         entry = pwd.getpwnam("nobody")
         return entry.pw_uid, entry.pw_gid
@@ -103,11 +106,12 @@ def _nobody() -> tuple[int, int]:
         return 65534, 65534
 
 
-def _rlimit(name: str) -> int:
+def rlimit_of(name: str) -> int:
+    """The ``resource`` module's constant for the rlimit ``name`` (``"RLIMIT_AS"``)."""
     return int(getattr(resource, name))
 
 
-def _memfd(name: str, data: bytes) -> int:
+def memfd_of(name: str, data: bytes) -> int:
     """An anonymous in-memory file holding ``data``, at offset 0 (for bwrap's ``--file``/``--seccomp``)."""
     fd = os.memfd_create(name, os.MFD_CLOEXEC)  # CLOEXEC: only Popen's pass_fds hands it on
     try:
@@ -121,7 +125,7 @@ def _memfd(name: str, data: bytes) -> int:
     return fd
 
 
-def _bwrap(configured: str | None) -> str:
+def find_bwrap(configured: str | None) -> str:
     """The bubblewrap executable to run."""
     if configured:
         return configured
@@ -138,13 +142,13 @@ def _bwrap(configured: str | None) -> str:
     return str(bwrap_path())
 
 
-def _ancestors(path: str) -> list[str]:
+def ancestors(path: str) -> list[str]:
     """``/a/b/c`` -> ``["/a", "/a/b"]``."""
     parts = path.strip("/").split("/")[:-1]
     return ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
 
 
-def _prefixes(python: str) -> list[str]:
+def bound_prefixes(python: str) -> list[str]:
     """The interpreter's directories the sandbox must see (outside ``SYSTEM_DIRS``), outermost only."""
     candidates = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
     if python != sys.executable:  # another interpreter: its installation (``<prefix>/bin/python``)

