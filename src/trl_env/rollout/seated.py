@@ -148,8 +148,10 @@ def check_executor(env_factory: object, env_executor: str) -> None:
         ConfigError: naming the fix.
     """
     if isinstance(env_factory, Seating) and env_executor == "process":
-        raise ConfigError("env_executor='process' with a Seating: a game's seats share one game object; use "
-                          "env_executor='thread' (the default), or isolate what your SeatedEnv calls.")  # fmt: skip
+        raise ConfigError(
+            "env_executor='process' with a Seating: a game's seats share one game object; use "
+            "env_executor='thread' (the default), or isolate what your SeatedEnv calls."
+        )
 
 
 def _settle(
@@ -180,8 +182,9 @@ def _settle(
             culprit, cause = failed
             first = cause.error.split("\n", 1)[0]
             info.update(seat_failed=culprit, error_kind=cause.info.get("error_kind", "env_exception"))
-            r = dataclasses.replace(r, ending=Ending.ERROR, reward=None,
-                                    error=f"seat {culprit} of this game failed: {first}")  # fmt: skip
+            r = dataclasses.replace(
+                r, ending=Ending.ERROR, reward=None, error=f"seat {culprit} of this game failed: {first}"
+            )
         out.append(r)
     return out
 

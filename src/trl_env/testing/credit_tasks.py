@@ -284,11 +284,17 @@ def credit_quality(
         computed = [estimator(group) for group, _ in sampled]
         got = [x for advs in computed for a in advs for x in a]
         metrics = credit_metrics([g for g, _ in sampled], computed)
-        out.append(dict(
-            credit=name, correlation=_correlation(got, truth), turns=len(truth), groups=groups,
-            sign_agreement=sum((got[i] > 0) == (truth[i] > 0) for i in nonzero) / max(1, len(nonzero)),
-            anchor_groups=metrics["credit/anchor_groups"], anchored_turn_frac=metrics["credit/anchored_turn_frac"],
-        ))  # fmt: skip
+        out.append(
+            dict(
+                credit=name,
+                correlation=_correlation(got, truth),
+                turns=len(truth),
+                groups=groups,
+                sign_agreement=sum((got[i] > 0) == (truth[i] > 0) for i in nonzero) / max(1, len(nonzero)),
+                anchor_groups=metrics["credit/anchor_groups"],
+                anchored_turn_frac=metrics["credit/anchored_turn_frac"],
+            )
+        )
     return out
 
 
