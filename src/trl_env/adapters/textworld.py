@@ -121,8 +121,13 @@ class TextWorldEnv(Env):
         cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self._tw = _textworld()
-        sizes = {"world_size": world_size, "nb_objects": nb_objects, "quest_length": quest_length,
-                 "max_steps": max_steps, "max_command_chars": max_command_chars}  # fmt: skip
+        sizes = {
+            "world_size": world_size,
+            "nb_objects": nb_objects,
+            "quest_length": quest_length,
+            "max_steps": max_steps,
+            "max_command_chars": max_command_chars,
+        }
         for name, value in sizes.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"TextWorldEnv({name}={value!r}): expected a positive int, e.g. {name}=3.")
@@ -149,8 +154,17 @@ class TextWorldEnv(Env):
             self._game = self._tw.start(str(path), request_infos=infos)
             state = self._game.reset()
         self.walkthrough = list(state.get("extra.walkthrough") or []) or None
-        self.info = {"game": f"{self.key}/{number}", "score": 0, "max_score": int(state["max_score"] or 0),
-                     "won": False, "lost": False, "moves": 0, "steps": 0, "sanitized": 0, "refused": 0}  # fmt: skip
+        self.info = {
+            "game": f"{self.key}/{number}",
+            "score": 0,
+            "max_score": int(state["max_score"] or 0),
+            "won": False,
+            "lost": False,
+            "moves": 0,
+            "steps": 0,
+            "sanitized": 0,
+            "refused": 0,
+        }
         self.reward, self.alive = 0.0, True
         self._update(state)
         return self, _clean(state.feedback)

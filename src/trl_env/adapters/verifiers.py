@@ -112,8 +112,10 @@ class VerifiersProgram:
         bin_dir = str(Path(self.python).parent)
         self.path = os.pathsep.join([bin_dir, os.environ.get("PATH", "")])
         if shutil.which("uv", path=self.path) is None:
-            raise ConfigError(f"verifiers runs its harness programs with `uv`, found neither beside {self.python} nor "
-                              f"on PATH: {INSTALL_HINT}")  # fmt: skip
+            raise ConfigError(
+                f"verifiers runs its harness programs with `uv`, found neither beside {self.python} nor "
+                f"on PATH: {INSTALL_HINT}"
+            )
         paths = [str(Path(p).resolve()) for p in import_paths]
         self.pythonpath = os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         self._lock = threading.Lock()
@@ -232,5 +234,6 @@ class VerifiersProgram:
         with self._lock:  # the worker ended: its episodes cannot finish
             lost = [pending.pop(key) for key in list(pending)]
         for future in lost:
-            future.set_exception(EnvError(f"the verifiers worker exited (code {proc.returncode}); its log:\n"
-                                          f"{_tail(self._log)}"))  # fmt: skip
+            future.set_exception(
+                EnvError(f"the verifiers worker exited (code {proc.returncode}); its log:\n{_tail(self._log)}")
+            )
