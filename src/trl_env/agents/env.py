@@ -56,6 +56,8 @@ class AgentEnv:
         self._session: Session | None = None
         self._pending: Pending | None = None
         self._run: AgentRun | None = None
+        self._ended: str | None = None  # why the episode ended; under _lock with _session (close may race reset)
+        self._lock = threading.Lock()
 
     def reset(self, seed: Seed) -> tuple[Env, Delta]:
         """Start the program with ``seed`` as its task; return its first model call.
@@ -66,7 +68,10 @@ class AgentEnv:
             EpisodeFailure: ``agent_error`` when the program raised or returned before calling the model.
         """
         gateway = self.gateway or shared_gateway()
-        self._session = session = gateway.open()
+        with self._lock:
+            if self._ended is not None:  # closed before it started (its reset was abandoned): no session, no program
+                raise EpisodeFailure("agent_error", AgentError(f"the episode ended ({self._ended}) before it started"))
+            self._session = session = gateway.open()
         row: Mapping[str, Any] = seed.row if isinstance(seed, RowSeed) else {}
         self._run = run = AgentRun(task=row.get("prompt", seed), seed=str(seed), base_url=gateway.base_url,
                                    api_key=session.key, model=gateway.model,
@@ -112,10 +117,16 @@ class AgentEnv:
             self.info["agent_unsettled"] = "raised" if outcome else f"no return within settle_s={self.settle_s}"
 
     def close(self) -> None:
-        """End the session: the program's waiting and later calls are refused."""
+        """End the session, however the episode ended (a ``reset`` abandoned at ``env_timeout`` too).
+
+        The key stops authenticating, a ``reset`` or ``step`` waiting for the program's next call returns, and the
+        program's waiting and later calls are refused with ``episode_ended``.
+        """
         self._close("closed")
 
     def _close(self, reason: str) -> None:
+        with self._lock:
+            self._ended = self._ended or reason
         if self._session is None:
             return
         if self._pending is not None:

@@ -197,12 +197,17 @@ class Gateway:
             self._sessions[session.key] = session
         return session
 
+    def open_sessions(self) -> int:
+        """How many sessions are open: keys that authenticate now (one per running episode)."""
+        with self._lock:
+            return len(self._sessions)
+
     def close(self, session: Session, reason: str) -> None:
         """End ``session``: its waiting and later calls are refused with ``reason``; its key stops working."""
         session.end(reason)
         with self._lock:
             self._sessions.pop(session.key, None)
-            self._ended[session.key] = reason
+            self._ended[session.key] = session.ended or reason  # the first reason: closing again changes nothing
             while len(self._ended) > 100_000:  # keep the reasons of recent episodes only
                 self._ended.popitem(last=False)
 

@@ -9,8 +9,10 @@ invariant that ``completion_ids``, ``logprobs`` and ``env_mask`` stay aligned.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +27,7 @@ from trl_env.render.history import Conversation, DeployedHistory
 from trl_env.render.processors.base import FamilyProcessor, ParsedOutput, ParseStatus, Processor
 from trl_env.render.tools.processor import ToolProcessor
 from trl_env.render.tools.types import ToolResults
+from trl_env.rollout.isolation import ProcessEnv
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,35 @@ class Settled:
     """The error of a ``close()`` that failed after ``truncate`` succeeded."""
 
 
+class Built:
+    """The env ``env_factory()`` built for one episode, handed to the engine as soon as it exists, before ``reset``.
+
+    The engine closes it however the episode ends, also when ``reset`` raised, returned garbage or was abandoned at
+    ``env_timeout``. An env built after the engine gave up on its open (a factory slower than ``env_timeout``) is
+    closed by the late call itself. Either way, once.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._env: Env | None = None
+        self._taken = False
+
+    def put(self, env: Env) -> bool:
+        """Hand ``env`` over (on the worker); False if the engine has given up on the episode already."""
+        with self._lock:
+            if self._taken:
+                return False
+            self._env = env
+            return True
+
+    def take(self) -> Env | None:
+        """The env, once (on the scheduler); ``None`` if none was built yet, and from then on none is taken."""
+        with self._lock:
+            self._taken = True
+            env, self._env = self._env, None
+            return env
+
+
 @dataclass
 class Calls:
     """Everything that runs on worker threads: env code, processor code and tokenisation. Holds no model."""
@@ -95,11 +127,15 @@ class Calls:
     def __post_init__(self) -> None:
         self.chats = None if self.deployed is None else ChatHistories(self.deployed)
 
-    def open(self, index: int, seed: Seed | BaseException) -> Opened:
-        """Build the env, reset it with ``seed`` and tokenise the opening prompt."""
+    def open(self, index: int, seed: Seed | BaseException, built: Built | None = None) -> Opened:
+        """Build the env (handed over in ``built`` at once), reset it with ``seed`` and tokenise the opening prompt."""
         if isinstance(seed, BaseException):  # the dataset row could not become a seed
             raise EpisodeFailure("prompt_error", seed)
         env = call("env_exception", self.env_factory)
+        if built is not None and callable(getattr(env, "reset", None)) and not built.put(env):
+            with contextlib.suppress(BaseException):  # nobody reads this call's result any more
+                Calls.close(env, index)  # the engine gave up on this open before the env existed: nobody else will
+            raise EpisodeFailure("env_timeout", EnvError("built after its episode was abandoned", env_index=index))
         if env is None or not callable(getattr(env, "reset", None)):
             raise EpisodeFailure(
                 "env_bad_return",
@@ -262,6 +298,15 @@ class Calls:
                         raise
                     settled = dataclasses.replace(settled, close_error=f"{type(e).__name__}: {e}")
         return settled
+
+
+def kill(env: Env) -> None:
+    """After a ``close`` abandoned at ``env_timeout``: kill the env's worker process (``isolated``), if it has one.
+
+    An env on the engine's threads cannot be stopped; its thread is left behind (``trl_env.rollout.workers``).
+    """
+    if isinstance(env, ProcessEnv):
+        env.kill()
 
 
 def _decode_one(decode: Callable[..., str], token_id: int) -> str:

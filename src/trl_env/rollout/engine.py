@@ -30,7 +30,7 @@ from trl_env.errors import (
 from trl_env.render.chat import SamplingEnvFactory
 from trl_env.render.history import DeployedHistory, History, as_history
 from trl_env.render.processors.base import check_processor, stop_token_ids
-from trl_env.rollout.calls import Calls, EnvText, Opened, Stepped, check_env_timeout
+from trl_env.rollout.calls import Built, Calls, EnvText, Opened, Stepped, check_env_timeout, kill
 from trl_env.rollout.coalescing import COALESCE_S, check_coalesce, coalesce_window
 from trl_env.rollout.episode import Episode, anchor_of, cut_at_own_cap, turn_request
 from trl_env.rollout.records import Budgets, Ending, Rollout, Turn
@@ -38,7 +38,7 @@ from trl_env.rollout.workers import Workers, drain
 
 __all__ = ["COALESCE_S", "Budgets", "Ending", "History", "Rollout", "Turn", "batch_rollout"]
 
-Call = Literal["open", "step", "close"]
+Call = Literal["open", "step", "close", "kill"]
 
 _WAKE: Future[Any] = Future()
 """Put on the done queue when a call starts waiting on another episode: wakes the scheduler, matches no call."""
@@ -156,10 +156,12 @@ class _Engine:
         self.done: queue.SimpleQueue[Future[Any]] = queue.SimpleQueue()  # every future lands here once, when done
         self.workers = Workers(env_workers, on_wait=lambda: self.done.put(_WAKE))  # a call waits: re-plan the wave
         self.env_calls: dict[Future[Any], tuple[Episode, Call]] = {}
-        self.closing = 0  # close calls among env_calls
+        self.closing = 0  # close (and kill) calls among env_calls
+        self.built = {ep.index: Built() for ep in episodes}  # each env as built, before its reset: closed however
+        self.closed: dict[int, Env] = {}  # the env each close call under way closes
         generations: dict[Future[Generation], Episode] = {}
         for ep, seed in zip(episodes, seeds, strict=True):
-            self._submit(ep, "open", self.calls.open, ep.index, seed)
+            self._submit(ep, "open", self.calls.open, ep.index, seed, self.built[ep.index])
         ready: list[Episode] = []
         ready_since = 0.0  # when the oldest of ``ready`` got ready
         try:
@@ -190,12 +192,12 @@ class _Engine:
     def _submit(self, ep: Episode, kind: Call, fn: Callable[..., Any], *args: Any) -> None:
         future = self.workers.submit(fn, *args)
         self.env_calls[future] = (ep, kind)
-        self.closing += kind == "close"
+        self.closing += kind in ("close", "kill")
         future.add_done_callback(self.done.put)
 
     def _pop(self, future: Future[Any]) -> tuple[Episode, Call]:
         ep, kind = self.env_calls.pop(future)
-        self.closing -= kind == "close"
+        self.closing -= kind in ("close", "kill")
         return ep, kind
 
     def _episode_calls(self) -> bool:
@@ -258,14 +260,18 @@ class _Engine:
         return [f for f, t in self.workers.running().items() if t < limit and f in self.env_calls and not f.done()]
 
     def _time_out(self, ep: Episode, kind: Call) -> None:
+        if kind == "kill":
+            return
         method = {"open": "reset", "step": "step", "close": "close"}[kind]
         owner = type(ep.env).__name__ if ep.env is not None else _name(self.calls.env_factory)
         message = (
             f"{owner}.{method} did not return within env_timeout={self.env_timeout} s; it was abandoned "
-            "(its thread is left behind). Raise env_timeout if the env is just slow."
+            "(its thread is left behind; an env in a worker process has its worker killed). Raise env_timeout if the "
+            "env is just slow."
         )
         if kind == "close":
             ep.info["close_error"] = message
+            self._submit(ep, "kill", kill, self.closed.pop(ep.index))  # a worker process is killed, off this thread
             return
         error = EnvTimeoutError(message, env_index=ep.index, turn=len(ep.turns) + (kind == "step"), method=method)
         self._fail(ep, EpisodeFailure("env_timeout", error))
@@ -279,7 +285,10 @@ class _Engine:
         except KeyboardInterrupt:
             raise
         except BaseException as e:  # noqa: BLE001  # user code: recorded on its episode, or raised in strict mode
+            if kind == "kill":
+                return False
             if kind == "close":
+                self.closed.pop(ep.index, None)
                 ep.info["close_error"] = f"{type(e).__name__}: {e}"
                 return False
             self._fail(ep, e if isinstance(e, EpisodeFailure) else EpisodeFailure("env_exception", e))
@@ -288,6 +297,9 @@ class _Engine:
             return self._on_open(ep, result)
         if kind == "step":
             return self._on_step(ep, result)
+        if kind == "kill":
+            return False
+        self.closed.pop(ep.index, None)
         if result is not None:  # a Truncatable env settled its reward after trl-env ended the episode
             ep.reward = result.reward
             if result.info is not None:
@@ -297,6 +309,7 @@ class _Engine:
         return False
 
     def _on_open(self, ep: Episode, opened: Opened) -> bool:
+        self.built.pop(ep.index).take()  # from here the episode's env is ep.env (what reset returned)
         ep.env, ep.prompt_ids, ep.reward, ep.messages = opened.env, opened.prompt_ids, opened.reward, opened.messages
         ep.anchor = anchor_of(opened.env_info)
         if opened.env_info is not None:
@@ -389,11 +402,14 @@ class _Engine:
 
     def _end(self, ep: Episode, ending: Ending, error: str = "") -> None:
         ep.finish(ending, error)
+        built = self.built.pop(ep.index, None)
+        env = built.take() if built is not None else ep.env  # the env a failed or abandoned reset left, or the last
         cut = ending in (Ending.MAX_TURNS, Ending.LENGTH) and bool(ep.turns)
-        told = ending.value if cut and isinstance(ep.env, Truncatable) else None
+        told = ending.value if cut and isinstance(env, Truncatable) else None
         if told is not None:
             ep.info["truncated"] = told
-        if told is not None or isinstance(ep.env, Closable):
-            self._submit(ep, "close", self.calls.close, ep.env, ep.index, told)  # bounded by env_timeout
+        if env is not None and (told is not None or isinstance(env, Closable)):
+            self.closed[ep.index] = env
+            self._submit(ep, "close", self.calls.close, env, ep.index, told)  # off this thread, bounded by env_timeout
         if self.on_episode_end is not None:
             self.on_episode_end(ep.index)

@@ -298,6 +298,11 @@ class ProcessEnv:
         """Tell the worker's env that trl-env ended its episode, if it listens (``Truncatable``)."""
         self._call("truncate", reason)
 
+    def kill(self) -> None:
+        """Kill the worker now, whatever runs in it (the engine's answer to a ``close`` hung past ``env_timeout``)."""
+        self._closed = True
+        self._worker.stop()
+
     def close(self) -> None:
         """Close the worker's env and give the worker back; kill it if a call is still running (a hung env)."""
         if self._closed:
