@@ -26,7 +26,8 @@ from trl_env.env import Env, Truncatable, json_safe
 def _zygote(conn: Connection, factory: bytes, memory_mb: int | None) -> None:
     """Load the env factory (say ``None``, or why not); then fork a worker, or say how one ended, on request.
 
-    On the trainer's death, kill the workers and exit.
+    On the trainer's death (its end of the pipe closes: also by ``os._exit`` or SIGKILL, when no clean-up of its own
+    runs), kill the workers, reap them, remove their directories and exit.
     """
     try:
         env_factory = pickle.loads(factory)
@@ -36,6 +37,7 @@ def _zygote(conn: Connection, factory: bytes, memory_mb: int | None) -> None:
     conn.send(None)
     ended: dict[int, int] = {}
     workers: set[int] = set()
+    roots: dict[int, str] = {}  # each worker's directory, until the trainer has heard how the worker ended
 
     def reap() -> None:
         for pid in list(workers):
@@ -51,6 +53,11 @@ def _zygote(conn: Connection, factory: bytes, memory_mb: int | None) -> None:
             for pid in workers:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+            for pid in workers:  # dead before their directories go: nothing writes there any more
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+            for root in roots.values():
+                shutil.rmtree(root, ignore_errors=True)
             return
         if command == "fork":
             ours, theirs = socket.socketpair()
@@ -65,6 +72,7 @@ def _zygote(conn: Connection, factory: bytes, memory_mb: int | None) -> None:
                     os._exit(0)
             theirs.close()
             workers.add(pid)
+            roots[pid] = args[0]
             conn.send(pid)
             reduction.send_handle(conn, ours.fileno(), 0)
             ours.close()
@@ -75,6 +83,8 @@ def _zygote(conn: Connection, factory: bytes, memory_mb: int | None) -> None:
             while pid in workers and time.monotonic() < deadline:
                 time.sleep(0.005)
                 reap()
+            if pid not in workers:
+                roots.pop(pid, None)  # the trainer removes the directory of a worker it heard has ended
             conn.send(ended.pop(pid, None) if pid not in workers else None)
 
 
