@@ -67,6 +67,40 @@ def test_credit_episode_gives_exactly_trls_own_advantages(tmp_path, model, token
     assert torch.equal(trl_out["completion_ids"], ours["completion_ids"])
 
 
+def test_episode_trainer_builds_the_batch_trl_builds_without_entering_trl(tmp_path, model, tokenizer, monkeypatch):
+    """history="sampled", credit="episode", two reward functions, failed episodes and two iterations (old logprobs):
+    EpisodeGRPOTrainer's own batch is GRPOTrainer's, key by key and bit for bit, the step logs the same values under
+    TRL's names, and TRL's _generate_and_score_completions is never entered."""
+    import copy
+
+    from trl import GRPOTrainer
+
+    reward_funcs = [env_reward, turns_reward]
+    trainers = []
+    for cls, credit in ((GRPOTrainer, None), (EpisodeGRPOTrainer, "episode")):
+        processor = ChatMLProcessor()
+        gen = ReplyGenerator(tokenizer, processor, reasoning=lambda k: False)
+        kwargs = {} if credit is None else {"credit": credit}
+        func = make_rollout_func(FlakyTalkEnv, processor, generator=gen, max_turns=3, env_workers=1, **kwargs)
+        if cls is EpisodeGRPOTrainer:
+            monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", None)  # entering TRL's would fail
+        trainer = run(tmp_path, copy.deepcopy(model), tokenizer, cls, func, reward_funcs, num_iterations=2)
+        trainers.append(trainer)
+    trl_out, ours = (t.recorded[0] for t in trainers)
+    assert {"old_per_token_logps", "tool_mask", "sampling_per_token_logps"} <= set(trl_out)
+    assert set(ours) == set(trl_out)
+    for key, value in trl_out.items():
+        assert torch.equal(value, ours[key]), key
+    trl_log, our_log = (t.state.log_history[0] for t in trainers)
+    assert our_log.pop("episodes") == 8.0
+    assert set(our_log) == set(trl_log)
+    clock = ("time", "per_second", "_s_", "_s")  # wall-clock values (env/step_s_mean, train_runtime, ...)
+    same = {k for k in trl_log if not any(c in k for c in clock[:3]) and not k.endswith(clock[3])}
+    assert {"loss", "grad_norm", "reward", "reward_std", "num_tokens", "completions/mean_length"} <= same
+    assert {k: our_log[k] for k in same} == pytest.approx({k: trl_log[k] for k in same})
+    assert [len(t._logs["advantages"]) for t in trainers] == [8, 8]  # one value per row, logged once
+
+
 def hand_discounted(turn_rewards_by_episode):
     """DiscountedReturns(gamma=1, baseline="turn", scale_rewards="none") by hand: return-to-go minus its turn mean."""
     scored = [r for r in turn_rewards_by_episode if r is not None]

@@ -140,39 +140,44 @@ def test_pin_calculate_rewards_signature_and_private_attributes(tmp_path, model,
             "multi_objective_aggregation"} <= set(vars(trainer))  # fmt: skip
 
 
-def test_pin_generate_and_score_completions_takes_swapped_rows_and_logs_one_value_per_key(tmp_path, model, tokenizer):
-    """What EpisodeGRPOTrainer relies on: with scoring_rows, TRL uses the rows and rewards given, in groups of one,
-    appends exactly one value per metric key and one advantage per row to its logs, and returns these keys."""
+def test_pin_the_scoring_step_internals_episode_trainer_uses(tmp_path, model, tokenizer):
+    """What EpisodeGRPOTrainer's own batch relies on (tests/test_credit_grpo.py checks the whole batch and the logged
+    step against GRPOTrainer's): one value per metric key, gauges replaced; the completion table and the values
+    reward functions queued, flushed; the old logprobs TRL's loss reads, as the model gives them."""
     from trl import GRPOTrainer
 
     func = make_rollout_func(GuessEnv, ChatMLProcessor(), generator=sampler(tokenizer))
-    trainer = GRPOTrainer(model=model, reward_funcs=env_reward, args=grpo_config(tmp_path), processing_class=tokenizer,
-                          train_dataset=dataset(), rollout_func=func)  # fmt: skip
-    trainer.model.train()
-    ids = tokenizer.encode("hello there", add_special_tokens=False)
-    rows = {"prompt_ids": [ids, ids[:1], ids], "completion_ids": [[5, 6, 7], [8], [9, 10]],
-            "logprobs": [[-0.1, -0.2, -0.3], [-0.4], [-0.5, -0.6]], "env_mask": [[1, 0, 1], [1], [0, 0]]}  # fmt: skip
-    rewards = torch.tensor([[1.0], [2.0], [float("nan")]], device=trainer.accelerator.device)  # TRL gathers them there
-    before = {k: len(v) for k, v in trl_internals.metric_lists(trainer)["train"].items()}
-    logged_before = len(trainer._logs["advantages"])
-    trainer._pending_extra_logs["note"] = ["a", "b", "c"]  # spread_pending_extras: flushed beside the rows
-    with trl_internals.scoring_rows(trainer, rows, rewards, "num_generations"):
-        assert trainer.num_generations == 1
-        output = trainer._generate_and_score_completions([{"prompt": "1"}, {"prompt": "2"}, {"prompt": "1"}])
-    assert trainer.num_generations == 2 and trainer.rollout_func is func  # restored
-    assert "_calculate_rewards" not in vars(trainer)  # the class's method again
-    assert {"prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "num_items_in_batch",
-            "sampling_per_token_logps", "tool_mask"} <= set(output)  # fmt: skip
-    assert output["completion_ids"][0].tolist() == [5, 6, 7]
-    assert output["tool_mask"][0].tolist() == [1, 0, 1]  # env_mask becomes TRL's tool_mask
-    assert output["sampling_per_token_logps"][1, 0].item() == pytest.approx(-0.4)
-    assert output["advantages"].tolist() == [0.0, 0.0, 0.0]  # groups of one: reward minus its own mean
+    trainer = GRPOTrainer(model=model, reward_funcs=env_reward, args=grpo_config(tmp_path, num_iterations=2),
+                          processing_class=tokenizer, train_dataset=dataset(), rollout_func=func)  # fmt: skip
+    trainer.model.eval()
     metrics = trl_internals.metric_lists(trainer)["train"]
-    assert all(len(v) == before.get(k, 0) + 1 for k, v in metrics.items() if k.startswith(("reward", "frac_")))
-    assert len(trainer._logs["advantages"]) == logged_before + 3
-    assert list(trainer._logs["extra"]["note"])[-3:] == ["a", "b", "c"] and not trainer._pending_extra_logs
-    trl_internals.replace_logged_advantages(trainer, [0.5, -0.5, 0.0])
-    assert list(trainer._logs["advantages"])[-3:] == [0.5, -0.5, 0.0]
+    trl_internals.log_metrics_once(trainer, "train", {"reward": 1.0, "num_tokens": 5.0}, gauges=("num_tokens",))
+    trl_internals.log_metrics_once(trainer, "train", {"reward": 2.0, "num_tokens": 9.0}, gauges=("num_tokens",))
+    assert metrics["reward"] == [1.0, 2.0] and metrics["num_tokens"] == [9.0]
+    trainer._pending_extra_logs["note"] = ["a", "b"]
+    trainer._pending_metrics["mine"].extend([1.0, 3.0])
+    rewards = torch.tensor([[1.0], [float("nan")]])
+    trl_internals.log_rows(trainer, "train", ["p", "q"], ["x", "y"], rewards, [0.5, 0.0])
+    logs = trainer._logs
+    assert list(logs["prompt"]) == ["p", "q"] and list(logs["completion"]) == ["x", "y"]
+    assert list(logs["advantages"]) == [0.5, 0.0] and list(logs["rewards"]["env_reward"])[0] == 1.0
+    assert list(logs["extra"]["note"]) == ["a", "b"] and not trainer._pending_extra_logs
+    assert metrics["mine"] == [2.0] and not trainer._pending_metrics
+    ids = tokenizer.encode("hello there friend", add_special_tokens=False)
+    ones = torch.ones(1, len(ids) - 2, dtype=torch.long)
+    batch = {
+        "prompt_ids": torch.tensor([ids[:2]]),
+        "prompt_mask": torch.ones(1, 2, dtype=torch.long),
+        "completion_ids": torch.tensor([ids[2:]]),
+        "completion_mask": ones,
+        "tool_mask": ones,
+    }
+    out = trl_internals.policy_logps(trainer, batch, "train")
+    assert set(out) == {"old_per_token_logps"}  # two iterations: the batch is trained twice; no vLLM, beta 0
+    with torch.no_grad():
+        logits = trainer.model(torch.tensor([ids])).logits[0, 1:-1]  # the logits that predict ids[2:]
+    expected = torch.log_softmax(logits.float(), dim=-1).gather(1, torch.tensor(ids[2:]).unsqueeze(1)).squeeze(1)
+    assert torch.allclose(out["old_per_token_logps"][0], expected, atol=1e-5)
 
 
 def test_pin_micro_batch_internals_prepare_inputs_compute_loss_and_their_normalisers(tmp_path, model, tokenizer):

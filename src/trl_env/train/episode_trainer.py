@@ -2,8 +2,9 @@
 
 With ``history="deployed"`` an episode gives one row per turn whose context the template rewrote (docs/history.md).
 TRL 1.16's ``rollout_func`` takes one row per prompt, so this subclass scores the *episodes* (reward functions,
-failed episodes left out, TRL's group statistics over episodes) and then hands TRL the rows, each carrying its
-episode's advantage. Follows ``GRPOTrainer._generate_and_score_completions`` (``trl/trainer/grpo_trainer.py``).
+failed episodes left out, TRL's group statistics over episodes) and then builds the batch TRL's loss reads from the
+rows, each carrying its episode's advantage: the batch ``GRPOTrainer._generate_and_score_completions`` would build
+(``tests/test_credit_grpo.py`` checks it key by key), without entering that method or rewriting TRL's logs.
 """
 
 from __future__ import annotations
@@ -38,12 +39,13 @@ from trl_env.train.micro_batches import (
 )
 from trl_env.train.trl_internals import (
     calculate_rewards,
+    log_metrics_once,
+    log_rows,
     loss_extras,
     metric_lists,
     micro_step_index,
-    replace_logged_advantages,
+    policy_logps,
     require_tested_trl,
-    scoring_rows,
     spread_pending_extras,
     sync_weights_once_per_step,
     tokenizer_of,
@@ -126,8 +128,10 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
        token once); failed episodes are out of the group statistics, as with ``GRPOTrainer``;
     2. computes one advantage per episode with TRL's own rule (``scale_rewards``, ``multi_objective_aggregation``,
        reward weights): each episode counts once in its group's mean and std, however many rows it has;
-    3. hands TRL the rows (``to_trl_rows``), each with its episode's advantage. TRL computes old and reference
-       logprobs, importance-sampling ratios and the loss per row as usual.
+    3. builds the batch TRL's loss reads from the rows (``to_trl_rows``, padded as TRL pads them), each with its
+       episode's advantage, with the old and reference logprobs and importance-sampling ratios TRL would add
+       (``trl_internals.policy_logps``), and logs the step's metrics once under TRL's names; TRL's loss then runs
+       per row as usual.
 
     Each sampled token is in exactly one row, so token-level losses (``dapo``, the default, ``bnpo``, ``cispo``,
     ``vespo``) weigh every trained token as ``history="sampled"`` does, only in its deployed context. ``grpo`` and
@@ -154,7 +158,7 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
     """
 
     def __init__(self, *args: Any, max_micro_batch_tokens: int | None = None, **kwargs: Any) -> None:
-        require_tested_trl("EpisodeGRPOTrainer")  # it drives TRL's private _generate_and_score_completions
+        require_tested_trl("EpisodeGRPOTrainer")  # it builds the batch of TRL's private scoring step (trl_internals)
         super().__init__(*args, **kwargs)
         func = self.rollout_func
         credit = func.credit if isinstance(func, RolloutFunction) else "episode"  # not one: refused at the first step
@@ -179,6 +183,12 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
                 )
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        """The batch TRL's loss reads, built here: episodes run and scored once, advantages computed once.
+
+        TRL's ``_prepare_inputs`` calls this for each generation batch (``trl_internals`` lists the name). The rows
+        are ``to_trl_rows``'s, padded as TRL pads them; the logprob tensors TRL adds come from
+        ``trl_internals.policy_logps``; the metrics are logged once, under TRL's names (``_log_batch``).
+        """
         trainer: Any = self  # TRL is untyped
         func = self.rollout_func
         if not isinstance(func, RolloutFunction):
@@ -190,8 +200,8 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
         advantages, rewards_per_func = self._score_episodes(inputs, prompts, rollouts, mode)  # every process's
         start = self.accelerator.process_index * len(rollouts)  # this process's episodes, in TRL's gathered order
         local = slice(start, start + len(rollouts))
-        generations = "num_generations" if mode == "train" else "num_generations_eval"
-        group = getattr(self, generations)
+        group = self.num_generations if mode == "train" else self.num_generations_eval
+        assert group is not None, "TRL sets num_generations_eval (it defaults to num_generations)"
         per_token = None
         if func.credit != "episode":
             per_token = self._turn_credit(func.credit, rollouts, rewards_per_func, group, mode, local)
@@ -205,29 +215,112 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
             values.extend([values[-1]] * pad)
         rows["env_mask"][len(episode) :] = [[0] * len(m) for m in rows["env_mask"][len(episode) :]]
         episode += [-1] * pad
-        row_inputs = [dict(inputs[e]) for e in episode]
-        mine, my_rewards = advantages[local], rewards_per_func[local]
+        batch = self._pad_rows(rows)
+        mine = advantages[local].to(batch["completion_ids"].device)
         row_advantages = torch.stack([mine[e] if e >= 0 else mine.new_zeros(()) for e in episode])
-        row_rewards = torch.stack([my_rewards[e] if e >= 0 else my_rewards[0] * torch.nan for e in episode])
-        row_rewards = self.accelerator.gather(row_rewards)  # TRL's _calculate_rewards returns every process's rows
-        if per_token is not None:  # a row's logged advantage: the mean over its model tokens
-            row_advantages = torch.tensor([_mean_on(a, m) for a, m in zip(per_token, rows["env_mask"], strict=False)]
-                                          + [0.0] * pad)  # fmt: skip
-        spread_pending_extras(self, episode)  # log_extra values came per episode: TRL logs them beside each row
-        with scoring_rows(self, rows, row_rewards, generations):  # TRL's own statistics are replaced below
-            output = super()._generate_and_score_completions(row_inputs)
-        output["advantages"] = row_advantages.to(output["advantages"].device)
-        if self._bounded_rows:  # the micro-batches leave padding rows out of every denominator
-            output[REAL_ROW] = torch.tensor([e >= 0 for e in episode], device=output["advantages"].device)
+        batch["advantages"] = row_advantages
         if per_token is not None:  # (rows, completion length): each model token its turn's advantage, the rest 0
-            table = torch.zeros(output["completion_ids"].shape, dtype=torch.float32)
+            table = torch.zeros(batch["completion_ids"].shape, dtype=torch.float32)
             for i, values in enumerate(per_token):
                 table[i, : len(values)] = torch.tensor(values, dtype=torch.float32)
-            output["advantages"] = table.to(output["advantages"].device)
-        every = self.accelerator.gather(row_advantages.to(rewards_per_func.device)).tolist()  # every process's rows
-        replace_logged_advantages(self, every)
-        self._log_episode_stats(mode, advantages, rewards_per_func, group)
-        return output  # type: ignore[no-any-return]  # trl is untyped
+            batch["advantages"] = table.to(batch["completion_ids"].device)
+            # a row's logged advantage: the mean over its model tokens
+            row_advantages = torch.tensor([_mean_on(a, m) for a, m in zip(per_token, rows["env_mask"], strict=False)]
+                                          + [0.0] * pad)  # fmt: skip
+        if self._bounded_rows:  # the micro-batches leave padding rows out of every denominator
+            batch[REAL_ROW] = torch.tensor([e >= 0 for e in episode], device=batch["completion_ids"].device)
+        batch.update(policy_logps(self, batch, mode))
+        self._log_batch(mode, inputs, rows, episode, local, rewards_per_func, row_advantages, group)
+        return batch
+
+    def _pad_rows(self, rows: dict[str, list[Any]]) -> dict[str, Any]:
+        """The rows as TRL's padded tensors: prompts left-, completions right-padded, ``env_mask`` as ``tool_mask``.
+
+        Exactly ``GRPOTrainer``'s padding of a ``rollout_func``'s rows (``pad_to_multiple_of`` included); its
+        ``mask_truncated_completions`` rule is trl-env's here (``to_trl_rows``), and ``num_items_in_batch`` counts the
+        trained tokens of every process.
+        """
+        from trl.trainer.utils import pad
+
+        config: Any = self.args  # a GRPOConfig
+        device, multiple = self.accelerator.device, config.pad_to_multiple_of
+        pad_id = tokenizer_of(self).pad_token_id
+
+        def padded(lists: list[list[Any]], value: Any, side: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+            tensors = [torch.tensor(x, dtype=dtype) for x in lists]
+            return pad(tensors, padding_value=value, padding_side=side, pad_to_multiple_of=multiple).to(device)
+
+        prompts, completions = rows["prompt_ids"], rows["completion_ids"]
+        logprobs = [[math.nan if x is None else x for x in row] for row in rows["logprobs"]]
+        batch = {
+            "prompt_ids": padded(prompts, pad_id, "left"),
+            "prompt_mask": padded([[1] * len(p) for p in prompts], 0, "left", torch.long),
+            "completion_ids": padded(completions, pad_id, "right"),
+            "completion_mask": padded([[1] * len(c) for c in completions], 0, "right", torch.long),
+            "sampling_per_token_logps": padded(logprobs, 0.0, "right", torch.float32),
+            "tool_mask": padded(rows["env_mask"], 1, "right"),
+        }
+        trained = (batch["completion_mask"] * batch["tool_mask"]).sum()
+        batch["num_items_in_batch"] = self.accelerator.gather(trained).sum()
+        return batch
+
+    def _log_batch(
+        self,
+        mode: str,
+        inputs: list[dict[str, Any]],
+        rows: dict[str, list[Any]],
+        episode: list[int],
+        local: slice,
+        rewards_per_func: torch.Tensor,
+        row_advantages: torch.Tensor,
+        group: int,
+    ) -> None:
+        """TRL's metrics and completion table for this batch, logged once under TRL's names.
+
+        Per row, as ``GRPOTrainer`` logs a ``rollout_func``'s rows: ``num_tokens`` and ``completions/*`` (a row's
+        length is its model tokens), the completion table (``_logs``: each row beside its episode's rewards, its
+        advantage, the ``log_extra`` values its episode's reward functions gave). Per episode: ``rewards/*``,
+        ``reward``, ``reward_std``, ``frac_reward_zero_std`` (each episode once, however many rows) and ``episodes``.
+        """
+        trainer: Any = self  # TRL is untyped
+        gather, device = self.accelerator.gather, self.accelerator.device
+        tokenizer = tokenizer_of(self)
+        prompt_lengths = gather(torch.tensor([len(p) for p in rows["prompt_ids"]], device=device))
+        lengths = gather(torch.tensor([sum(m) for m in rows["env_mask"]], device=device)).float()
+        if mode == "train":
+            trainer.state.num_input_tokens_seen += (prompt_lengths.sum() + lengths.sum()).item()
+        ends = [*trainer.eos_token_ids, tokenizer.pad_token_id]
+        clipped = gather(torch.tensor([c[-1] not in ends for c in rows["completion_ids"]], device=device))
+        ended = lengths[~clipped] if bool((~clipped).any()) else torch.zeros(1, device=device)
+        weighted = weighted_rewards(rewards_per_func, self.reward_weights)
+        std = nan_std(weighted.view(-1, group), dim=1) if group > 1 else torch.zeros(len(weighted) // group)
+        metrics = {
+            "num_tokens": float(trainer.state.num_input_tokens_seen),
+            "completions/mean_length": lengths.mean().item(),
+            "completions/min_length": lengths.min().item(),
+            "completions/max_length": lengths.max().item(),
+            "completions/clipped_ratio": clipped.float().mean().item(),
+            "completions/mean_terminated_length": ended.mean().item(),
+            "completions/min_terminated_length": ended.min().item(),
+            "completions/max_terminated_length": ended.max().item(),
+        }
+        for i, name in enumerate(self.reward_func_names):
+            metrics[f"rewards/{name}/mean"] = torch.nanmean(rewards_per_func[:, i]).item()
+            metrics[f"rewards/{name}/std"] = nan_std(rewards_per_func[:, i]).item()
+        metrics["reward"] = torch.nanmean(weighted).item()
+        metrics["reward_std"] = nan_std(weighted).item()
+        metrics["frac_reward_zero_std"] = torch.isclose(std, torch.zeros_like(std)).float().mean().item()
+        metrics["episodes"] = float(len(rewards_per_func))
+        log_metrics_once(self, mode, metrics, gauges=("num_tokens",))
+        mine = rewards_per_func[local]  # this process's episodes
+        row_rewards = torch.stack([mine[e] if e >= 0 else mine[0] * torch.nan for e in episode])
+        texts = [str(t) for t in tokenizer.batch_decode(rows["completion_ids"], skip_special_tokens=True)]
+        row_prompts = [inputs[e]["prompt"] if e >= 0 else inputs[0]["prompt"] for e in episode]
+        conversational = isinstance(row_prompts[0], list)
+        completions = [[{"role": "assistant", "content": t}] for t in texts] if conversational else texts
+        spread_pending_extras(self, episode)  # log_extra values came per episode: logged beside each row
+        every = gather(row_advantages.to(device)).tolist()  # every process's rows
+        log_rows(self, mode, row_prompts, completions, gather(row_rewards), every)
 
     def _prepare_inputs(self, generation_batch: Any) -> Any:
         """TRL's micro-batch for the step; with deployed rows a ``MicroStep`` of token-bounded chunks.
@@ -312,18 +405,3 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
             metric_lists(self)[mode][key].append(value)
         flat = [a for g in advantages for a in g][local]
         return [row for r, a in zip(rollouts, flat, strict=True) for row in token_advantages(r, a)]
-
-    def _log_episode_stats(
-        self, mode: str, advantages: torch.Tensor, rewards_per_func: torch.Tensor, group: int
-    ) -> None:
-        """Replace the reward statistics TRL just logged per row with the episodes' (as GRPOTrainer logs them)."""
-        logged = metric_lists(self)[mode]
-        weighted = weighted_rewards(rewards_per_func, self.reward_weights)
-        for i, name in enumerate(self.reward_func_names):
-            logged[f"rewards/{name}/mean"][-1] = torch.nanmean(rewards_per_func[:, i]).item()
-            logged[f"rewards/{name}/std"][-1] = nan_std(rewards_per_func[:, i]).item()
-        logged["reward"][-1] = torch.nanmean(weighted).item()
-        logged["reward_std"][-1] = nan_std(weighted).item()
-        std = nan_std(weighted.view(-1, group), dim=1) if group > 1 else torch.zeros(len(weighted) // group)
-        logged["frac_reward_zero_std"][-1] = torch.isclose(std, torch.zeros_like(std)).float().mean().item()
-        logged["episodes"].append(float(len(advantages)))

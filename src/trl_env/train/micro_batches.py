@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from trl_env.errors import ConfigError
+from trl_env.train.trl_internals import ITEM_LOSSES, ROW_LOSSES, TOKEN_LOSSES
 
 __all__ = [
     "REAL_ROW",
@@ -32,13 +33,6 @@ __all__ = [
 
 REAL_ROW = "trl_env_real_row"
 """Key of the scored batch: 1 for a row of an episode, 0 for a padding row (one per row)."""
-
-ROW_LOSSES = frozenset({"grpo", "sapo", "dr_grpo", "luspo"})
-"""TRL loss types that divide by the number of rows (a mean per row, ``dr_grpo``'s rows x max length)."""
-TOKEN_LOSSES = frozenset({"bnpo"})
-"""TRL loss types that divide by the micro-batch's own trained tokens."""
-ITEM_LOSSES = frozenset({"dapo", "cispo", "vespo"})
-"""TRL loss types that divide by ``num_items_in_batch`` (the generation batch's trained tokens, every process)."""
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,16 @@ versions: ``EpisodeGRPOTrainer`` and ``TrlEnvRolloutWorker``.
 
 The names, and why no public route exists for each (TRL 1.16):
 
-- ``GRPOTrainer._generate_and_score_completions`` with ``rollout_func``, ``_calculate_rewards`` and
-  ``num_generations`` swapped (``scoring_rows``): ``EpisodeGRPOTrainer`` hands TRL several rows per episode with its
-  own advantages; TRL's public ``rollout_func`` takes one row per prompt and has no hook for advantages.
-- ``_logs`` / ``_metrics`` / ``_pending_extra_logs`` (``replace_logged_advantages``, ``metric_lists``,
-  ``spread_pending_extras``): TRL's ``log_metric`` / ``log_extra`` queue values per call, not per episode.
+- ``GRPOTrainer._generate_and_score_completions``, overridden by ``EpisodeGRPOTrainer`` (never called): TRL's
+  ``_prepare_inputs`` asks it for each generation batch; ``EpisodeGRPOTrainer`` returns the batch it builds (several
+  rows per episode, its own advantages), which TRL's public ``rollout_func`` (one row per prompt, no advantages)
+  cannot carry. What TRL would add to that batch comes from ``policy_logps`` (``_get_per_token_logps_and_entropies``,
+  ``ref_model``, the importance-sampling settings).
+- ``_metrics`` / ``_logs`` / ``_pending_extra_logs`` / ``_pending_metrics`` (``log_metrics_once``, ``log_rows``,
+  ``metric_lists``, ``spread_pending_extras``): where TRL's scoring step logs; the batch's metrics are logged there
+  once, under TRL's names (TRL's ``log_metric`` / ``log_extra`` only queue a reward function's values).
+- ``eos_token_ids``, ``pad_to_multiple_of`` and the trainer's settings (``beta``, ``num_iterations``, ...): read as
+  TRL's scoring step reads them.
 - ``_calculate_rewards`` (``calculate_rewards``, ``wrap_reward_calculation``): TRL gives a row advantage 0 only when
   every reward function returned ``None``; a failed episode must be out of the statistics whatever the functions.
   On an untested TRL the plain path does not wrap it (only ``env_reward``'s ``None`` keeps failed episodes out).
@@ -34,10 +39,9 @@ on the installed TRL (behaviour, not source text), so that a TRL change fails a 
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from packaging.specifiers import SpecifierSet
@@ -153,27 +157,16 @@ def calculate_rewards(
     return trainer._calculate_rewards(inputs, prompts, completions, ids)  # type: ignore[no-any-return]
 
 
-@contextlib.contextmanager
-def scoring_rows(
-    trainer: Any, rows: dict[str, list[Any]], row_rewards: torch.Tensor, generations: str
-) -> Iterator[None]:
-    """Inside, TRL's ``_generate_and_score_completions`` takes ``rows`` and ``row_rewards``, in groups of 1.
+ROW_LOSSES = frozenset({"grpo", "sapo", "dr_grpo", "luspo"})
+"""TRL loss types that divide by the number of rows (a mean per row, ``dr_grpo``'s rows x max length)."""
+TOKEN_LOSSES = frozenset({"bnpo"})
+"""TRL loss types that divide by the micro-batch's own trained tokens."""
+ITEM_LOSSES = frozenset({"dapo", "cispo", "vespo"})
+"""TRL loss types that divide by ``num_items_in_batch`` (the generation batch's trained tokens, every process).
 
-    ``generations`` names the trainer's group-size attribute for the mode (``num_generations`` or its eval twin).
-    """
-    group = getattr(trainer, generations)
-    saved = {k: trainer.__dict__[k] for k in ("rollout_func", "_calculate_rewards") if k in trainer.__dict__}
-    try:
-        trainer.rollout_func = lambda _prompts, _trainer: rows
-        trainer._calculate_rewards = lambda *_args: row_rewards
-        setattr(trainer, generations, 1)
-        yield
-    finally:
-        setattr(trainer, generations, group)
-        for k in ("rollout_func", "_calculate_rewards"):
-            trainer.__dict__.pop(k, None)
-        trainer.__dict__.update(saved)
-
+How ``GRPOTrainer._compute_loss`` normalises each loss type, which ``micro_batches.chunk_scale`` undoes: TRL exposes no
+normaliser. ``tests/test_micro_batches.py`` pins each by behaviour (chunked loss and gradient against TRL's own
+one-batch computation, every type)."""
 
 LOSS_TYPES = ("grpo", "sapo", "bnpo", "dr_grpo", "dapo", "cispo", "vespo", "luspo")
 """The ``loss_type`` values TRL 1.16's ``GRPOTrainer._compute_loss`` knows (``micro_batches`` normalises each)."""
@@ -230,13 +223,133 @@ def tokenizer_of(trainer: Any) -> Any:
     return trainer._tokenizer
 
 
-def replace_logged_advantages(trainer: Any, every: list[float]) -> None:
-    """Replace the advantages TRL's last ``_generate_and_score_completions`` appended to its ``_logs`` deque."""
-    logged = trainer._logs["advantages"]
-    kept = min(len(every), len(logged))  # a bounded deque may hold fewer
-    for _ in range(kept):
-        logged.pop()
-    logged.extend(every[len(every) - kept :])
+def log_metrics_once(trainer: Any, mode: str, metrics: dict[str, float], *, gauges: tuple[str, ...] = ()) -> None:
+    """Append one value per key to TRL's ``_metrics[mode]`` (``gauges`` replace theirs), as TRL's scoring step does.
+
+    ``EpisodeGRPOTrainer`` builds its batch itself; these are the metrics TRL would log for it, under TRL's names,
+    logged once. TRL 1.16 offers no public route: its ``log_metric`` hook queues a reward function's values only.
+    """
+    logged = trainer._metrics[mode]
+    for key, value in metrics.items():
+        if key in gauges:
+            logged[key] = [value]
+        else:
+            logged[key].append(value)
+
+
+def log_rows(
+    trainer: Any,
+    mode: str,
+    prompts: list[Any],
+    completions: list[Any],
+    rewards_per_func: torch.Tensor,
+    advantages: list[float],
+) -> None:
+    """TRL's completion table for the batch's rows (``_logs``), and the values reward functions queued, flushed.
+
+    As ``GRPOTrainer._generate_and_score_completions`` does: prompts and completions gathered from every process;
+    ``rewards_per_func`` and ``advantages`` are every process's rows already. ``log_extra`` columns (queued per row)
+    go beside them; ``log_metric`` values are averaged over processes into ``_metrics[mode]``.
+    """
+    import torch
+    from accelerate.utils import gather_object  # type: ignore[import-untyped]
+
+    logs = trainer._logs
+    logs["prompt"].extend(gather_object(prompts))
+    logs["completion"].extend(gather_object(completions))
+    for i, name in enumerate(trainer.reward_func_names):
+        logs["rewards"][name].extend(rewards_per_func[:, i].tolist())
+    logs["advantages"].extend(advantages)
+    pending = trainer._pending_extra_logs
+    for column in sorted(set(gather_object(list(pending)))):
+        logs["extra"][column].extend(gather_object(pending.get(column, [None] * len(prompts))))
+    pending.clear()
+    queued = trainer._pending_metrics
+    for name in sorted(set(gather_object(list(queued)))):
+        values = queued.get(name, [])
+        local = torch.tensor([sum(values), len(values)], dtype=torch.float32, device=trainer.accelerator.device)
+        total, count = trainer.accelerator.gather(local).view(-1, 2).sum(dim=0).tolist()
+        trainer._metrics[mode][name].append(total / count)
+    queued.clear()
+
+
+def policy_logps(trainer: Any, batch: dict[str, Any], mode: str) -> dict[str, torch.Tensor]:
+    """The logprob tensors TRL's loss reads beside the rows, computed as ``GRPOTrainer`` computes them (text only).
+
+    ``old_per_token_logps`` (when generation and optimisation steps are misaligned, or with vLLM's importance
+    sampling correction), ``importance_sampling_ratio`` (that correction, every ``vllm_importance_sampling_mode``) and
+    ``ref_per_token_logps`` (``beta != 0``: the reference model, or the PEFT model with its adapter off or its "ref"
+    adapter), through TRL's private ``_get_per_token_logps_and_entropies``; the correction's ``sampling/*`` metrics
+    are logged. TRL 1.16 computes these inside ``_generate_and_score_completions`` only, with no public route.
+    """
+    import math
+
+    import torch
+    from trl.models.utils import disable_gradient_checkpointing
+    from trl.trainer.utils import nanmax, nanmin, use_adapter
+
+    args = trainer.args
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    keep = batch["completion_ids"].size(1)
+    size = args.per_device_train_batch_size if mode == "train" else args.per_device_eval_batch_size
+    correct = trainer.use_vllm and trainer.vllm_importance_sampling_correction
+    out: dict[str, torch.Tensor] = {}
+
+    def logps(model: Any) -> torch.Tensor:
+        values, _, _ = trainer._get_per_token_logps_and_entropies(model, ids, attention, keep, batch_size=size)
+        return values  # type: ignore[no-any-return]
+
+    with torch.no_grad(), disable_gradient_checkpointing(trainer.model, args.gradient_checkpointing_kwargs):
+        if args.gradient_accumulation_steps % (args.steps_per_generation * trainer.num_iterations) != 0 or correct:
+            out["old_per_token_logps"] = logps(trainer.model)
+        if correct:
+            mask = batch["completion_mask"] * batch["tool_mask"]
+            diff = torch.nan_to_num((out["old_per_token_logps"] - batch["sampling_per_token_logps"]) * mask, nan=0.0)
+            level = trainer.vllm_importance_sampling_mode
+            sequence = level in ("sequence_mask", "sequence_truncate")
+            ratio = torch.exp(diff.sum(dim=-1, keepdim=True) if sequence else diff)
+            low, high = trainer.vllm_importance_sampling_clip_min, trainer.vllm_importance_sampling_clip_max
+            if level in ("sequence_truncate", "token_truncate"):
+                ratio = torch.clamp(ratio, min=low, max=high)
+            elif level in ("sequence_mask", "token_mask"):
+                low = low if low is not None else -math.inf
+                high = high if high is not None else math.inf
+                ratio = ratio.masked_fill((ratio < low) | (ratio > high), value=0.0)
+            else:
+                raise ConfigError(f"vllm_importance_sampling_mode={level!r} is not one trl_env knows.")
+            out["importance_sampling_ratio"] = ratio
+        if trainer.beta != 0.0:
+            if trainer.ref_model is not None:
+                out["ref_per_token_logps"] = logps(trainer.ref_model)
+            else:
+                model = trainer.accelerator.unwrap_model(trainer.model)
+                with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
+                    out["ref_per_token_logps"] = logps(trainer.model)
+    if correct:
+        device, gather = trainer.accelerator.device, trainer.accelerator.gather
+        mask = (batch["completion_mask"] * batch["tool_mask"]).bool()
+        delta = torch.abs(out["old_per_token_logps"] - batch["sampling_per_token_logps"])
+        delta = delta[mask & ~torch.isnan(delta)]
+        zero = torch.tensor(0.0, device=device)
+        flat = ratio.flatten() if sequence else ratio[mask]
+        metrics = trainer._metrics[mode]
+        metrics["sampling/sampling_logp_difference/mean"].append(
+            gather(torch.mean(delta) if delta.numel() else zero).mean().item()
+        )
+        metrics["sampling/sampling_logp_difference/max"].append(
+            gather(torch.max(delta) if delta.numel() else zero).max().item()
+        )
+        metrics["sampling/importance_sampling_ratio/min"].append(
+            nanmin(gather(torch.min(flat) if flat.numel() else zero)).item()
+        )
+        metrics["sampling/importance_sampling_ratio/mean"].append(
+            gather(torch.mean(flat) if flat.numel() else zero).nanmean().item()
+        )
+        metrics["sampling/importance_sampling_ratio/max"].append(
+            nanmax(gather(torch.max(flat) if flat.numel() else zero)).item()
+        )
+    return out
 
 
 def spread_pending_extras(trainer: Any, episode_of_row: list[int]) -> None:
@@ -256,6 +369,10 @@ def metric_lists(trainer: Any) -> Any:
 
 
 # --- trl.experimental.async_grpo ------------------------------------------------------------------------------------
+
+ASYNC_LORA_NAME = "trl-policy"
+"""The adapter name prefix ``AsyncGRPOTrainer`` publishes (its private ``_lora_name``): ``trl-policy-v{N}``. The worker
+reads each turn's policy version from it; TRL 1.16 exposes the name nowhere public."""
 
 
 def rollout_sample_type() -> type[RolloutSample]:

@@ -23,11 +23,12 @@ from trl_env.train.options import (
     RolloutOptions,
     TranscriptKeywords,
 )
+from trl_env.train.trl_internals import ASYNC_LORA_NAME
 
 logger = logging.getLogger(__name__)
 
-LORA_NAME = "trl-policy"
-"""The adapter name prefix ``AsyncGRPOTrainer`` publishes (``trainer._lora_name``): ``trl-policy-v{N}``."""
+LORA_NAME = ASYNC_LORA_NAME
+"""The adapter name prefix ``AsyncGRPOTrainer`` publishes: ``trl-policy-v{N}`` (``trl_internals.ASYNC_LORA_NAME``)."""
 
 
 class WorkerOptions(LimitKeywords, EngineKeywords, TranscriptKeywords, total=False):
