@@ -13,7 +13,9 @@ from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from trl_env.agents import messages, responses, wire
+import trl_env.agents.messages as messages
+import trl_env.agents.responses as responses
+import trl_env.agents.wire as wire
 from trl_env.agents.wire import ChatCall, WireError
 from trl_env.render.chat import Reply
 

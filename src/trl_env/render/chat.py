@@ -14,7 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from trl_env.render.history import DeployedHistory, Message
+from trl_env.render.history import DeployedHistory
+from trl_env.render.messages import REASONING_FIELDS, Message, call_arguments
 from trl_env.render.processors.derived import from_tokenizer
 from trl_env.render.tools.processor import ToolProcessor
 
@@ -30,7 +31,6 @@ __all__ = [
 ]
 
 _KEEP = ("role", "content", "name", "tool_calls", "tool_call_id")
-_REASONING = ("reasoning_content", "reasoning", "thinking")
 
 
 class ChatRequest(str):
@@ -255,7 +255,7 @@ def normalize(messages: Sequence[Mapping[str, Any]], history: DeployedHistory) -
         if isinstance(content, list):
             content = "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
         m["content"] = "" if content is None else content
-        reasoning = next((message[k] for k in _REASONING if message.get(k)), None)
+        reasoning = next((message[k] for k in REASONING_FIELDS if message.get(k)), None)
         if reasoning is not None and field_name is not None:
             m[field_name] = reasoning
         if m.get("tool_calls"):
@@ -272,15 +272,8 @@ def normalize(messages: Sequence[Mapping[str, Any]], history: DeployedHistory) -
 def _call(call: Mapping[str, Any], as_text: bool) -> Message:
     function = dict(call.get("function") or {})
     arguments = function.get("arguments")
-    if isinstance(arguments, str) and not as_text:
-        try:
-            parsed = json.loads(arguments)
-        except ValueError:
-            parsed = None
-        if isinstance(parsed, dict):
-            function["arguments"] = parsed
-    elif isinstance(arguments, Mapping) and as_text:
-        function["arguments"] = json.dumps(arguments, ensure_ascii=False)
+    if isinstance(arguments, (str, Mapping)):
+        function["arguments"] = call_arguments(arguments, as_text=as_text)
     return {"id": call.get("id"), "type": call.get("type", "function"), "function": function}
 
 
@@ -291,7 +284,7 @@ def wire_message(reply: Reply) -> Message:
     calls = []
     for c in message.get("tool_calls") or ():
         name, arguments = c["function"]["name"], c["function"]["arguments"]
-        text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+        text = call_arguments(arguments, as_text=True)
         calls.append({"id": c["id"], "type": "function", "function": {"name": name, "arguments": text}})
     out: Message = {"role": "assistant", "content": message.get("content") or (None if calls else "")}
     if calls:

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-Message = dict[str, Any]
+from trl_env.render.messages import Message
+
 _SLOT = "TRLENVSLOT7c2d{}Q"  # plain text no template rewrites; stands for a message's text in a tail rendering
 _SLOTS = re.compile(r"TRLENVSLOT7c2d(\d+)Q")
 _PLAIN_ROLES = {"system", "user", "assistant"}

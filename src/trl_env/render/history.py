@@ -20,6 +20,7 @@ from typing import Any
 from trl_env.errors import ConfigError, EpisodeFailure, ProcessorError
 from trl_env.render.conversation import Conversation, Incremental, Verdicts, kept_verdicts
 from trl_env.render.located import CUTS, MARK, locate
+from trl_env.render.messages import REASONING_FIELDS, Message, call_arguments
 from trl_env.render.processors.base import FamilyProcessor, ParsedOutput, ParseStatus, Processor, StopStrings
 from trl_env.render.processors.derived import mismatch
 from trl_env.render.tools.probe import CALL_ID, special_spans
@@ -27,10 +28,6 @@ from trl_env.render.tools.processor import ToolProcessor
 from trl_env.render.tools.types import ToolCall, ToolCalls, ToolResult, ToolResults
 
 __all__ = ["Conversation", "DeployedHistory", "History", "Message"]
-
-Message = dict[str, Any]
-"""A chat message: ``role``, ``content``; an assistant's ``tool_calls``; a tool result's ``tool_call_id``, ``name``."""
-_REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
 
 
 class History(str, Enum):
@@ -143,7 +140,7 @@ class DeployedHistory:
         if declared:
             return str(declared)
         template = str(getattr(self.tokenizer, "chat_template", "") or "")
-        return next((f for f in _REASONING_FIELDS if re.search(rf"[.'\"]{f}\b", template)), None)
+        return next((f for f in REASONING_FIELDS if re.search(rf"[.'\"]{f}\b", template)), None)
 
     def reply(self, text: str, parsed: ParsedOutput | None = None) -> Message:
         """The sampled turn as the assistant message a chat pipeline sends back: without its end-of-turn token(s).
@@ -236,7 +233,7 @@ class DeployedHistory:
             {
                 "id": CALL_ID.format(i),
                 "type": "function",
-                "function": {"name": c.name, "arguments": json.dumps(c.arguments) if as_text else dict(c.arguments)},
+                "function": {"name": c.name, "arguments": call_arguments(c.arguments, as_text=as_text)},
             }
             for i, c in enumerate(action.calls)
         ]

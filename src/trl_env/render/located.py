@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
 
-Message = dict[str, Any]
+from trl_env.render.messages import Message
+
 MARK = "TRLENVHISTORY5b1e{}Q"  # plain text no template rewrites; locates each env text in a rendering
 _MARKS = re.compile(r"TRLENVHISTORY5b1e(\d+)Q")
 

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trl_env.errors import ProcessorError
+from trl_env.render.messages import call_arguments
 from trl_env.render.processors.derived import first_difference
 
 USER = "Xq7 tool user"
@@ -104,7 +105,7 @@ class Probe:
             {
                 "id": CALL_ID.format(i),
                 "type": "function",
-                "function": {"name": n, "arguments": json.dumps(a) if self.args_as_text else dict(a)},
+                "function": {"name": n, "arguments": call_arguments(a, as_text=self.args_as_text)},
             }
             for i, (n, a) in enumerate(calls)
         ]
