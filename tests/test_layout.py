@@ -27,7 +27,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "trl_env"
 
 LAYERS = {
-    "errors": 0, "env": 0,
+    "errors": 0, "env": 0, "cache": 0,
     "backends": 1,
     "seats": 2,
     "render": 3,

@@ -5,7 +5,7 @@ so games are generated offline). What the adapter solves once, so a user does no
 
 - **Games from seeds**: ``reset(seed)`` plays the game TextWorld generates from ``int_seed(seed)`` and the options.
   Each game is generated once into a cache directory keyed by the options and the seed (``cache_dir``, default
-  ``$TRL_ENV_TEXTWORLD_CACHE`` or ``~/.cache/trl-env/textworld``), then loaded from there: every copy of a GRPO
+  ``$TRL_ENV_TEXTWORLD_CACHE`` or ``~/.cache/trl_env/textworld``), then loaded from there: every copy of a GRPO
   group, in any process, plays the same game. A game is built in a private folder and renamed into place, so
   worker processes generating the same game at once cannot see half a game.
 - **Thread safety** (read in textworld 1.7.0's source, and tried): loading a game parses its rules with one
@@ -47,6 +47,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from trl_env import cache
 from trl_env.env import Action, Delta, Env, Seed, int_seed
 from trl_env.errors import ConfigError
 
@@ -104,7 +105,7 @@ class TextWorldEnv(Env):
         max_steps: commands per episode.
         max_command_chars: cap on a command's length after sanitising.
         cache_dir: where generated games are kept (default ``$TRL_ENV_TEXTWORLD_CACHE`` or
-            ``~/.cache/trl-env/textworld``).
+            ``~/.cache/trl_env/textworld``: ``trl_env.cache.cache_dir``).
 
     Raises:
         ConfigError: when textworld is not installed, or for a size that is not a positive int.
@@ -135,8 +136,8 @@ class TextWorldEnv(Env):
             raise ConfigError(f"TextWorldEnv(max_command_chars={max_command_chars}): Jericho reads at most 198 bytes.")
         self.options = {"world_size": world_size, "nb_objects": nb_objects, "quest_length": quest_length}
         self.max_steps, self.max_command_chars = max_steps, max_command_chars
-        default = os.environ.get("TRL_ENV_TEXTWORLD_CACHE") or Path.home() / ".cache" / "trl-env" / "textworld"
-        self.cache_dir = Path(cache_dir or default).expanduser().absolute()
+        default = cache_dir or cache.cache_dir("textworld", env_var="TRL_ENV_TEXTWORLD_CACHE")
+        self.cache_dir = Path(default).expanduser().absolute()
         options = json.dumps([self._tw.__version__, self.options], sort_keys=True)
         self.key = f"w{world_size}-o{nb_objects}-q{quest_length}-{hashlib.sha256(options.encode()).hexdigest()[:8]}"
         self.reward, self.alive = 0.0, True

@@ -14,6 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from trl_env.cache import cache_root
+
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL = "smollm2"
 OFFLINE_MODELS = ("tiny", DEFAULT_MODEL)
@@ -51,7 +53,7 @@ def _gguf_path() -> Path:
 
 
 def _default_cache_root() -> Path:
-    return Path(os.environ.get("TRL_ENV_CACHE") or Path.home() / ".cache" / "trl_env")
+    return cache_root()
 
 
 def _convert(gguf: Path, out_dir: Path) -> None:

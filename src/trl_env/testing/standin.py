@@ -14,12 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trl_env.cache import cache_dir
 from trl_env.errors import ConfigError
 
 
 def cache_root() -> Path:
     """Where converted tokenizers are kept: ``$TRL_ENV_CACHE/tokenizers`` or ``~/.cache/trl_env/tokenizers``."""
-    return Path(os.environ.get("TRL_ENV_CACHE") or Path.home() / ".cache" / "trl_env").expanduser() / "tokenizers"
+    return cache_dir("tokenizers")
 
 
 def package_dir(module: str, pip_install: str) -> Path:
