@@ -16,7 +16,7 @@ if ! python -c "import torch" 2>/dev/null; then
   pip install -q "torch==${TORCH_VERSION:-2.13.0}" 2>&1 | grep -v "is ignored" || true
 fi
 echo "[install] trl-env, test tools and the docs builder"
-pip install -q -e ".[test,docs,examples,openenv,sandbox,agents,agents-dialects]" 2>&1 | grep -v "is ignored" || true
+pip install -q -e ".[test,docs,examples,openenv,sandbox,agents,agents-dialects,agents-frameworks]" 2>&1 | grep -v "is ignored" || true
 # The env libraries with adapters, in their own step: reasoning-gym builds pycosat and textworld builds Jericho (C code)
 # from source, and a machine without a compiler should lose only those tests (they skip), not the test tools above.
 echo "[install] env libraries (textarena, reasoning-gym, textworld)"

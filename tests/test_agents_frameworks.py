@@ -1,0 +1,160 @@
+"""Agent frameworks as they are, trained through the gateway (issue 45 item 3): the OpenAI Agents SDK (``Runner.run``
+with a function tool, on its default Responses model), LangChain's ``ChatOpenAI`` with ``bind_tools`` and a PydanticAI
+``Agent`` with a tool (both on chat completions, over the gateway's loopback HTTP endpoint), each an unmodified agent
+program run by ``agent_env_factory`` with a scripted generator on the real Qwen 3 tokenizer; every row is token-exact:
+each sampled span is the generator's answer for exactly that row's context, and each context is the template's
+rendering of what the program sent (the generator's request)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from typing import Any
+
+import pytest
+from agents_support import PromptReplyGenerator
+
+from trl_env.agents import agent_env_factory
+from trl_env.render.processors import from_tokenizer
+from trl_env.rollout import Ending, batch_rollout
+from trl_env.testing.tokenizers import load_tokenizer
+
+
+def framework(module: str, extra: str) -> Any:
+    """Import ``module``; skip without it, except in CI (``TRL_ENV_REQUIRE_VLLM=1``), where a missing one fails."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        message = f"{module} is not installed: pip install -e '.[{extra}]' (scripts/install.sh installs it)"
+        if os.environ.get("TRL_ENV_REQUIRE_VLLM") == "1":  # CI: never skipped silently
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: the first number
+        b: the second number
+    """
+    return a + b
+
+
+def qwen3_script(k: int, prompt: str) -> str:
+    """Turn 0 thinks and calls add(40, 2); every later turn answers in text."""
+    if k == 0:
+        call = json.dumps({"name": "add", "arguments": {"a": 40, "b": 2}})
+        return f"<think>\nI should add.\n</think>\n\n<tool_call>\n{call}\n</tool_call><|im_end|>"
+    return "<think>\nDone.\n</think>\n\nThe answer is 42<|im_end|>"
+
+
+async def agents_sdk_program(run):
+    """The OpenAI Agents SDK: an Agent with a function tool, ``Runner.run`` on its default (Responses) model."""
+    from agents import Agent, OpenAIProvider, RunConfig, Runner, function_tool
+
+    adder = Agent(name="adder", instructions="You add.", tools=[function_tool(add)], model=run.model)
+    provider = OpenAIProvider(openai_client=run.async_openai(max_retries=0), use_responses=True)
+    config = RunConfig(model_provider=provider, tracing_disabled=True)
+    result = await Runner.run(adder, f"What is 40 + 2? ({run.seed})", run_config=config, max_turns=4)
+    return float(result.final_output == "The answer is 42")
+
+
+def langchain_program(run):
+    """LangChain's ChatOpenAI with a tool bound (``bind_tools``), a hand-written tool loop; over HTTP."""
+    from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(model=run.model, base_url=run.base_url, api_key=run.api_key, max_retries=0).bind_tools([add])
+    messages: list[Any] = [SystemMessage("You add."), HumanMessage(f"What is 40 + 2? ({run.seed})")]
+    for _ in range(3):
+        answer = llm.invoke(messages)
+        messages.append(answer)
+        if not answer.tool_calls:
+            return float(answer.content == "The answer is 42")
+        messages += [ToolMessage(str(add(**c["args"])), tool_call_id=c["id"]) for c in answer.tool_calls]
+    return 0.0
+
+
+async def pydantic_ai_program(run):
+    """A PydanticAI Agent with a tool on its OpenAI chat model; over HTTP."""
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    model = OpenAIChatModel(run.model, provider=OpenAIProvider(base_url=run.base_url, api_key=run.api_key))
+    adder = Agent(model, instructions="You add.", tools=[add])
+    result = await adder.run(f"What is 40 + 2? ({run.seed})")
+    return float(result.output == "The answer is 42")
+
+
+def model_spans(row) -> list[tuple[int, int]]:
+    """(start, end) of each run of sampled tokens (env_mask 1) in a row's completion."""
+    spans, start = [], None
+    for i, m in enumerate([*row.env_mask, 0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            spans.append((start, i))
+            start = None
+    return spans
+
+
+def assert_token_exact(rollouts, generator) -> int:
+    """Every sampled span of every row is the generator's answer for exactly that row's context; env tokens carry
+    logprob 0; every generator call is one trained span. Returns the number of spans checked."""
+    pairs = zip(generator.requests, generator.outputs, strict=True)
+    answered = {tuple(q): (list(out.token_ids), list(out.logprobs)) for q, out in pairs}
+    checked = 0
+    for rollout in rollouts:
+        for row in rollout.rows:
+            assert len(row.completion_ids) == len(row.logprobs) == len(row.env_mask)
+            for start, end in model_spans(row):
+                context = tuple(row.prompt_ids + row.completion_ids[:start])
+                assert context in answered, (rollout.seed, start)  # the rendering of what the program sent
+                assert answered[context] == (row.completion_ids[start:end], row.logprobs[start:end])
+                checked += 1
+            assert all(row.logprobs[i] == 0.0 for i, m in enumerate(row.env_mask) if not m)
+    assert checked == len(generator.requests) == sum(len(r.turns) for r in rollouts)
+    return checked
+
+
+FRAMEWORKS = {
+    # name: (program, the module it needs, that module's extra, rows per episode)
+    "agents_sdk": (agents_sdk_program, "agents", "agents-dialects", 1),
+    # LangChain sends the assistant turn back without its reasoning (langchain-openai keeps no reasoning_content):
+    # the second call's prompt is not the first's continuation, so it is a row of its own
+    "langchain": (langchain_program, "langchain_openai", "agents-frameworks", 2),
+    "pydantic_ai": (pydantic_ai_program, "pydantic_ai", "agents-frameworks", 1),
+}
+
+
+@pytest.mark.parametrize("name", list(FRAMEWORKS))
+def test_a_framework_agent_with_a_tool_trains_token_exact(name):
+    program, module, extra, rows = FRAMEWORKS[name]
+    framework(module, extra)
+    tokenizer = load_tokenizer("pypi:qwen3")
+    generator = PromptReplyGenerator(tokenizer, qwen3_script)
+    factory = agent_env_factory(program)
+    rollouts = batch_rollout(["1", "2"], factory, from_tokenizer(tokenizer), tokenizer, generator, history="deployed")
+    for rollout in rollouts:
+        assert rollout.ending is Ending.ENV_DONE and rollout.reward == 1.0, rollout.error
+        assert rollout.info["env"]["agent_calls"] == 2 and len(rollout.rows) == rows
+    assert assert_token_exact(rollouts, generator) == 4
+    prompts = [tokenizer.decode(q) for q in generator.requests]
+    assert all(p.startswith("<|im_start|>system\nYou add.") and '"name": "add"' in p for p in prompts)  # the tool
+    assert sum("<tool_response>\n42\n</tool_response>" in p for p in prompts) == 2  # each result, by the template
+
+
+def test_the_frameworks_are_pinned_in_an_extra_that_ci_installs():
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).parent.parent
+    pyproject = (root / "pyproject.toml").read_text()
+    found = re.search(r"^agents-frameworks = \[(.*?)\]$", pyproject, re.M | re.S)
+    assert found is not None, "pyproject.toml has no agents-frameworks extra"
+    assert re.findall(r'"([\w\-\[\]]+)==', found.group(1)) == ["langchain-openai", "pydantic-ai-slim[openai]"]
+    line = next(x for x in (root / "scripts" / "install.sh").read_text().splitlines() if "pip install -q -e" in x)
+    assert "agents-dialects" in line and "agents-frameworks" in line  # CI (.ci/run -> scripts/test.sh) installs them
