@@ -1,10 +1,13 @@
-"""experiment/examples/agent_tools.py: an openai-SDK agent with a tool, smoke-trained 2 GRPO steps (tiny model)."""
+"""The agent examples, smoke-trained 2 GRPO steps (tiny model): agent_tools.py (an openai-SDK agent with a tool) and
+verifiers_echo.py (verifiers' OpenEnv taskset on the echo server, offline)."""
 
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
+
+import pytest
 
 EXAMPLES = Path(__file__).parent.parent / "experiment" / "examples"
 sys.path.insert(0, str(EXAMPLES))
@@ -57,3 +60,70 @@ def test_agent_tools_evaluates_with_trl_env_eval(tmp_path):
     assert status == 0
     lines = [json.loads(line) for p in out.glob("*.jsonl") for line in p.read_text().splitlines()]
     assert len(lines) == 4 and all(not line.get("error") and line["turns"] for line in lines), lines[:1]
+
+
+# -- the Responses and Messages examples: an Agents SDK agent, an Anthropic-SDK agent (issue 45 item 6) -----------
+
+
+def multiply_script(tokenizer):
+    """Turn 0 calls multiply with the task's numbers (read off the prompt); turn 1 answers their product."""
+    import re
+
+    def script(k, prompt):
+        a, b = map(int, re.findall(r"What is (\d) \* (\d)\?", prompt)[-1])
+        if k == 0:
+            call = json.dumps({"name": "multiply", "arguments": {"a": a, "b": b}})
+            return f"<tool_call>\n{call}\n</tool_call><|im_end|>"
+        return f"{a * b}<|im_end|>"
+
+    return script
+
+
+@pytest.mark.parametrize("name", ["agent_responses", "agent_anthropic"])
+def test_the_dialect_examples_agent_calls_the_tool_and_trains_token_exact(name):
+    import importlib
+
+    from agents_support import PromptReplyGenerator
+    from test_agents_frameworks import assert_token_exact
+
+    from trl_env import agent_env_factory, from_tokenizer
+    from trl_env.rollout import batch_rollout
+    from trl_env.testing.templates import trl_templates
+    from trl_env.testing.tokenizers import load_tokenizer
+
+    example = importlib.import_module(name)
+    tokenizer = load_tokenizer("pypi:qwen2_5")
+    tokenizer.chat_template = trl_templates()["qwen2_5"]  # as the example sets it
+    generator = PromptReplyGenerator(tokenizer, multiply_script(tokenizer))
+    factory = agent_env_factory(example.agent)
+    processor = from_tokenizer(tokenizer)
+    rollouts = batch_rollout(["mul-1", "mul-2"], factory, processor, tokenizer, generator, history="deployed")
+    assert [r.reward for r in rollouts] == [1.0, 1.0], [r.error for r in rollouts]
+    assert all(len(r.rows) == 1 and r.info["env"]["agent_calls"] == 2 for r in rollouts)
+    assert assert_token_exact(rollouts, generator) == 4
+    prompts = [tokenizer.decode(q) for q in generator.requests]
+    assert all(p.startswith("<|im_start|>system\nYou are a calculator.") for p in prompts)
+    assert sum("<tool_response>\n" in p for p in prompts) == 2  # each tool result went back through the dialect
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["agent_responses", "agent_anthropic"])
+def test_the_dialect_examples_training_script_smoke(tmp_path, name):
+    import importlib
+
+    summary = importlib.import_module(name).main(["--model", "tiny", "--steps", "2", "--out", str(tmp_path)])
+    assert summary["wall_s"] > 0
+    rewards = json.loads((tmp_path / "rewards_seed0.json").read_text())["rewards"]
+    assert len(rewards) == 2
+
+
+def test_verifiers_echo_trains_offline_on_verifiers_openenv_taskset(tmp_path):
+    if not (EXAMPLES.parent.parent / ".venv-verifiers" / "bin" / "python").exists():
+        pytest.skip("no .venv-verifiers: run `bash scripts/install.sh`")
+    import verifiers_echo
+
+    argv = ["--model", "tiny", "--steps", "2", "--batch", "4", "--generations", "2", "--out", str(tmp_path)]
+    summary = verifiers_echo.main(argv)
+    rewards = json.loads((tmp_path / "rewards_seed0.json").read_text())["rewards"]
+    assert len(rewards) == 2 and summary["wall_s"] > 0
+    assert all(r > 0 for r in rewards), rewards  # the echo server's partial credit: every episode scored, none failed
