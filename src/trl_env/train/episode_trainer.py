@@ -27,7 +27,6 @@ from trl_env.train.credit import (
     credit_estimator,
     credit_metrics,
     estimate,
-    token_advantages,
 )
 from trl_env.train.grpo import RolloutFunction, env_reward
 from trl_env.train.micro_batches import (
@@ -37,6 +36,7 @@ from trl_env.train.micro_batches import (
     micro_step_loss,
     plan_micro_steps,
 )
+from trl_env.train.packing import packing_enabled, trainer_packed_logps
 from trl_env.train.trl_internals import (
     calculate_rewards,
     log_metrics_once,
@@ -52,7 +52,7 @@ from trl_env.train.trl_internals import (
     trl_compute_loss,
     trl_prepare_inputs,
 )
-from trl_env.train.trl_output import to_trl_rows
+from trl_env.train.trl_output import training_rows, trl_output
 
 __all__ = ["EpisodeGRPOTrainer", "env_reward_columns", "episode_advantages"]
 
@@ -155,11 +155,21 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
     ``"batch"`` and ``multi_objective_aggregation="normalize_then_sum"`` are refused (they normalise episodes, not
     turns). Failed episodes get 0 everywhere and stay out of every statistic. Logged under ``credit/``:
     ``trl_env.train.credit.credit_metrics``.
+
+    ``packing=True`` (docs/packing.md) runs each forward TRL's loss and its old / reference logprobs take
+    (``_get_per_token_logps_and_entropies``) prefix-shared and padding-free: the forward's rows folded into a prefix
+    trie, each unique token forwarded once under an ancestor attention mask, each row's per-token logprobs gathered
+    back (``trl_env.train.packing``); TRL's loss then runs on the rows as before. Models whose attention cannot take
+    the mask (sliding window, linear attention, sinks, flash-attention) are refused here; ``packing="if_supported"``
+    trains them unpacked instead. Logged: ``packing/ratio`` and ``packing/padding_fraction``.
     """
 
-    def __init__(self, *args: Any, max_micro_batch_tokens: int | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, max_micro_batch_tokens: int | None = None, packing: bool | str = False, **kwargs: Any
+    ) -> None:
         require_tested_trl("EpisodeGRPOTrainer")  # it builds the batch of TRL's private scoring step (trl_internals)
         super().__init__(*args, **kwargs)
+        self._packing = packing_enabled(self.model, packing)  # trl_env.train.packing: prefix-shared forwards
         func = self.rollout_func
         credit = func.credit if isinstance(func, RolloutFunction) else "episode"  # not one: refused at the first step
         self._row_steps: list[MicroStep] | None = None
@@ -202,10 +212,12 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
         local = slice(start, start + len(rollouts))
         group = self.num_generations if mode == "train" else self.num_generations_eval
         assert group is not None, "TRL sets num_generations_eval (it defaults to num_generations)"
-        per_token = None
+        per_turn = None
         if func.credit != "episode":
-            per_token = self._turn_credit(func.credit, rollouts, rewards_per_func, group, mode, local)
-        output_rows, episode = to_trl_rows(rollouts, mask_truncated=func.mask_truncated)
+            per_turn = self._turn_credit(func.credit, rollouts, rewards_per_func, group, mode, local)
+        train = training_rows(rollouts, per_turn, mask_truncated=func.mask_truncated)  # every trainer's rows
+        output_rows, episode = trl_output(rollouts, train)
+        per_token = None if per_turn is None else [t.advantages for t in train]
         rows: dict[str, list[Any]] = dict(output_rows)  # type: ignore[arg-type]  # every value is a list
         pad = 0  # several processes: every one gets the most rows of any (TRL gathers rows), in no denominator
         if self._bounded_rows and self.accelerator.num_processes > 1:
@@ -353,6 +365,28 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
             raise ValueError("The GRPOTrainer does not support returning outputs")
         return micro_step_loss(self, model, inputs, lambda chunk: trl_compute_loss(self, model, chunk))
 
+    def _get_per_token_logps_and_entropies(
+        self,
+        model: Any,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        logits_to_keep: int,
+        batch_size: int | None = None,
+        compute_entropy: bool = False,
+        compute_aux_loss: bool = False,
+        **media: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """TRL's per-token logprobs of the rows; with ``packing``, of text rows, from prefix-shared packed forwards."""
+        if self._packing and not compute_aux_loss and all(v is None for v in media.values()):
+            packed = trainer_packed_logps(
+                self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy
+            )
+            if packed is not None:
+                return packed[0], packed[1], None
+        return super()._get_per_token_logps_and_entropies(  # type: ignore[no-any-return]
+            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, **media
+        )
+
     def _score_episodes(
         self, inputs: list[dict[str, Any]], prompts: list[Any], rollouts: list[Rollout], mode: str
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -381,8 +415,8 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
         group: int,
         mode: str,
         local: slice,
-    ) -> list[list[float]]:
-        """Per-turn advantages of ``credit=``, as one advantage per completion token of each of this process's rows.
+    ) -> list[list[float] | None]:
+        """Per-turn advantages of ``credit=`` for each of this process's episodes (``None`` for a failed one).
 
         ``rewards_per_func`` holds every process's episodes (TRL gathers them); so do the groups the estimator sees:
         the credit records are gathered too, and ``local`` picks this process's episodes out of them.
@@ -403,5 +437,4 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
         advantages = [estimate(estimator, g) for g in groups]
         for key, value in credit_metrics(groups, advantages).items():
             metric_lists(self)[mode][key].append(value)
-        flat = [a for g in advantages for a in g][local]
-        return [row for r, a in zip(rollouts, flat, strict=True) for row in token_advantages(r, a)]
+        return [a for g in advantages for a in g][local]
