@@ -1,0 +1,71 @@
+"""Issue 45 item 3: an agent of each new dialect trains 2 real EpisodeGRPOTrainer steps through the gateway, every
+turn sampled by the REAL vLLM CPU server: the OpenAI Agents SDK's ``Runner.run`` on the Responses API
+(experiment/examples/agent_responses.py) and an Anthropic-SDK agent on Messages
+(experiment/examples/agent_anthropic.py), both with a ``multiply`` tool. Every row is checked token by token against
+what the server answered for exactly that row's context (the check of tests/test_agents_vllm.py)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+from test_agents_frameworks import framework
+from test_agents_vllm import model_spans
+from test_async_grpo import Recorder
+
+from trl_env import VLLMServerGenerator, env_reward, make_rollout_func
+from trl_env.agents import agent_env_factory
+from trl_env.render.processors import from_tokenizer
+from trl_env.testing.templates import trl_templates
+from trl_env.train.episode_trainer import EpisodeGRPOTrainer
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "experiment" / "examples"))
+
+EXAMPLES = {"agent_responses": "agents", "agent_anthropic": "anthropic"}  # the example, the SDK it needs
+
+
+@pytest.mark.parametrize("name", list(EXAMPLES))
+def test_two_real_grpo_steps_of_a_dialect_agent_every_row_token_exact_against_vllm(vllm_server, tmp_path, name):
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig
+
+    framework(EXAMPLES[name], "agents-dialects")
+    example = importlib.import_module(name)
+    url, model_dir = vllm_server.base_url, vllm_server.model_dir
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.chat_template = trl_templates()["qwen2_5"]  # ChatML with the tool layout, as the examples set it
+    recorder = Recorder()
+    gen = VLLMServerGenerator(url, model=model_dir, post=recorder, temperature=1.0)
+    func = make_rollout_func(agent_env_factory(example.agent), from_tokenizer(tok), history="deployed", generator=gen,
+                             max_turns=4, max_new_tokens=12, env_timeout=120)  # fmt: skip
+    seen = []
+    rollouts = func.rollouts
+    func.rollouts = lambda prompts, trainer: seen.append(rollouts(prompts, trainer)) or seen[-1]
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4,
+                      max_completion_length=160, max_steps=2, logging_steps=1, report_to=[], save_strategy="no",
+                      use_cpu=True, bf16=False, seed=0)  # fmt: skip
+    trainer = EpisodeGRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir), reward_funcs=env_reward,
+                                 args=args, processing_class=tok, rollout_func=func,
+                                 train_dataset=Dataset.from_dict({"prompt": ["mul-1", "mul-2"] * 8}))  # fmt: skip
+    trainer.train()
+
+    assert sum("loss" in h for h in trainer.state.log_history) == 2
+    episodes = [r for batch in seen for r in batch]
+    assert len(episodes) == 8 and all(r.ending.value != "error" for r in episodes), [r.error for r in episodes]
+    answered, sent = recorder.answered()
+    checked = 0
+    for r in episodes:
+        for row in r.rows:
+            assert len(row.completion_ids) == len(row.logprobs) == len(row.env_mask)
+            for start, end in model_spans(row):
+                context = tuple(row.prompt_ids + row.completion_ids[:start])
+                sampled = (row.completion_ids[start:end], row.logprobs[start:end])
+                assert any((ids, lps) == sampled for ids, lps, _ in answered[context]), (r.seed, start)
+                checked += 1
+            env = [i for i, m in enumerate(row.env_mask) if not m]
+            assert all(row.logprobs[i] == 0.0 for i in env)
+    assert checked == sum(len(r.turns) for r in episodes) == len(sent)  # every server answer is one trained turn
+    assert all(r.info["env"]["agent_calls"] >= 1 for r in episodes)
