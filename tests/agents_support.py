@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import Future
 
 from trl_env import Generation
-from trl_env.backends.base import FinishReason, resolved
+from trl_env.agents import agent_env_factory
+from trl_env.backends.base import FinishReason, GeneratorBase, resolved
+from trl_env.render.processors import from_tokenizer
+from trl_env.render.tools.format import tool_schemas
+from trl_env.rollout import batch_rollout
 
 
 class PromptReplyGenerator:
@@ -69,3 +74,58 @@ def capped_program(run):
     messages += [first.message.model_dump(exclude_none=True), {"role": "user", "content": "more"}]
     second = client.chat.completions.create(model=run.model, messages=messages).choices[0]
     return float(first.finish_reason == "length" and second.finish_reason == "stop")
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: the first number
+        b: the second number
+    """
+    return a + b
+
+
+TOOLS = tool_schemas([add])
+
+
+def qwen3_script(k, prompt):
+    """Turn 0 thinks and calls add(40, 2); turn 1 answers in text."""
+    if k == 0:
+        call = json.dumps({"name": "add", "arguments": {"a": 40, "b": 2}})
+        return f"<think>\nI should add.\n</think>\n\n<tool_call>\n{call}\n</tool_call><|im_end|>"
+    return "<think>\nDone.\n</think>\n\nThe answer is 42<|im_end|>"
+
+
+def run(tokenizer, program, seeds=("s",), script=qwen3_script, **kwargs):
+    generator = PromptReplyGenerator(tokenizer, script)
+    processor = from_tokenizer(tokenizer)
+    rollouts = batch_rollout(list(seeds), agent_env_factory(program), processor, tokenizer, generator,
+                             history="deployed", **kwargs)  # fmt: skip
+    return rollouts, generator
+
+
+class SamplingGenerator(PromptReplyGenerator, GeneratorBase):
+    """The scripted generator, honouring per-request temperature and top_p (it records each request's)."""
+
+    request_sampling = frozenset({"temperature", "top_p"})
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.sampling = []
+
+    def submit(self, requests):
+        self.sampling += [dict(r.sampling) for r in requests]
+        return super().submit(requests)
+
+
+def model_spans(row):
+    """(start, end) of each run of sampled tokens (env_mask 1) in a row's completion."""
+    spans, start = [], None
+    for i, m in enumerate([*row.env_mask, 0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            spans.append((start, i))
+            start = None
+    return spans

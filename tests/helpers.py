@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import json
+import math
+import os
 import random
+import shutil
+import subprocess
+import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from concurrent.futures import Future
+from pathlib import Path
 
-from trl_env import Generation, GenerationRequest
+from datasets import Dataset
+from trl import GRPOConfig, GRPOTrainer
+
+from trl_env import Generation, GenerationRequest, env_reward
 from trl_env.backends.base import FinishReason, resolved
 
 
@@ -225,12 +234,8 @@ def train_grpo(tmp_path, model, tokenizer, rollout_func, prompts, *, batch=8, ma
 
     Every loss it logs must be finite.
     """
-    import math
 
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
-
-    from trl_env import env_reward
+    from trl import GRPOConfig
 
     args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=batch, num_generations=4,
                       max_completion_length=max_completion_length, max_steps=steps, logging_steps=1, report_to=[],
@@ -242,3 +247,63 @@ def train_grpo(tmp_path, model, tokenizer, rollout_func, prompts, *, batch=8, ma
     history = trainer.state.log_history
     assert all(math.isfinite(h["loss"]) for h in history if "loss" in h)
     return history
+
+
+def grpo_config(tmp_path, **overrides):
+    args = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=64,
+        max_steps=2,
+        learning_rate=1e-3,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+    )
+    args.update(overrides)
+    return GRPOConfig(**args)
+
+
+SCRIPT = Path(__file__).parent / "scripts" / "dist_grpo.py"
+
+
+NO_TORCHRUN = shutil.which("torchrun") is None and not Path(sys.executable).with_name("torchrun").exists()
+
+
+def run_two_processes(tmp_path, *args: str) -> dict:
+    out = tmp_path / "log.json"
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    env = dict(os.environ, TRL_EXPERIMENTAL_SILENCE="1", OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [torchrun, "--standalone", "--nproc_per_node", "2", str(SCRIPT), str(out), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+BENCH = REPO / "benchmarks"
+
+
+def run_quick(script: str, out: Path, *args: str, timeout: float = 120) -> str:
+    env = {**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / script), "--quick", "--out", str(out), *args],
+        capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"{script} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    stem = script.removesuffix(".py")
+    assert "|---|" in proc.stdout, proc.stdout  # a markdown table
+    assert (out / f"{stem}.png").stat().st_size > 10_000
+    json.loads((out / f"{stem}.json").read_text())
+    return proc.stdout

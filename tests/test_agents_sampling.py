@@ -6,29 +6,14 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from agents_support import PromptReplyGenerator
-from test_async_grpo import Recorder
+from agents_support import PromptReplyGenerator, SamplingGenerator
+from async_support import Recorder
 
 from trl_env import ConfigError, VLLMServerGenerator
 from trl_env.agents import agent_env_factory
-from trl_env.backends.base import GeneratorBase
 from trl_env.render.processors import from_tokenizer
 from trl_env.rollout import Budgets, Ending, batch_rollout
 from trl_env.testing.tokenizers import load_tokenizer
-
-
-class SamplingGenerator(PromptReplyGenerator, GeneratorBase):
-    """The scripted generator, honouring per-request temperature and top_p (it records each request's)."""
-
-    request_sampling = frozenset({"temperature", "top_p"})
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.sampling = []
-
-    def submit(self, requests):
-        self.sampling += [dict(r.sampling) for r in requests]
-        return super().submit(requests)
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +96,7 @@ def test_out_of_range_temperature_or_top_p_gets_a_400_and_the_episode_goes_on(ch
 
 
 def test_the_vllm_client_sends_each_requests_own_sampling_in_its_own_batch():
-    from test_vllm_client import Response, completion, make
+    from vllm_client_support import Response, completion, make
 
     from trl_env import GenerationRequest
 

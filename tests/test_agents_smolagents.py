@@ -12,8 +12,8 @@ import pytest
 
 pytest.importorskip("smolagents", reason="smolagents is not installed: pip install 'trl-env[test]'")
 
-from test_agents_vllm import model_spans  # noqa: E402
-from test_async_grpo import Recorder  # noqa: E402
+from agents_support import model_spans  # noqa: E402
+from async_support import Recorder  # noqa: E402
 from vllm_server import make_vllm_server_fixture  # noqa: E402
 
 from trl_env import VLLMServerGenerator, env_reward, make_rollout_func  # noqa: E402

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from test_async_grpo import Recorder
+from async_support import Recorder
 
 from trl_env import VLLMServerGenerator, env_reward, make_rollout_func
 from trl_env.agents import agent_env_factory
@@ -18,18 +18,7 @@ from trl_env.train.episode_trainer import EpisodeGRPOTrainer
 sys.path.insert(0, str(Path(__file__).parent.parent / "experiment" / "examples"))
 
 from agent_tools import agent  # noqa: E402  # the example's agent: openai SDK, a multiply tool
-
-
-def model_spans(row):
-    """(start, end) of each run of sampled tokens (env_mask 1) in a row's completion."""
-    spans, start = [], None
-    for i, m in enumerate([*row.env_mask, 0]):
-        if m and start is None:
-            start = i
-        elif not m and start is not None:
-            spans.append((start, i))
-            start = None
-    return spans
+from agents_support import model_spans
 
 
 def test_two_real_grpo_steps_of_an_openai_sdk_agent_every_row_token_exact_against_vllm(vllm_server, tmp_path):

@@ -8,7 +8,7 @@ import json
 
 import openai
 import pytest
-from test_agents_gateway import TOOLS, run
+from agents_support import TOOLS, run
 
 from trl_env.rollout import Ending
 from trl_env.testing.tokenizers import load_tokenizer

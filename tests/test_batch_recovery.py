@@ -14,7 +14,7 @@ import time
 
 import pytest
 import requests
-from test_vllm_client import Response, echo, make, prompts_of
+from vllm_client_support import Response, echo, make, prompts_of
 
 from trl_env import GenerationRequest, ServerError
 
@@ -152,7 +152,7 @@ def test_closing_the_generator_during_recovery_fails_what_is_left_and_hangs_noth
 
 
 def test_bench_recovery_quick_runs_both_recoveries_side_by_side(tmp_path):
-    from test_benchmarks import run_quick
+    from helpers import run_quick
 
     text = run_quick("bench_recovery.py", tmp_path)
     assert "| timeout | 16 | now (halves at once) |" in text and "| timeout | 16 | before" in text, text

@@ -16,26 +16,9 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parent.parent
-BENCH = REPO / "benchmarks"
-
-
-def run_quick(script: str, out: Path, *args: str, timeout: float = 120) -> str:
-    env = {**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"}
-    proc = subprocess.run(
-        [sys.executable, str(BENCH / script), "--quick", "--out", str(out), *args],
-        capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env,
-    )  # fmt: skip
-    assert proc.returncode == 0, f"{script} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    stem = script.removesuffix(".py")
-    assert "|---|" in proc.stdout, proc.stdout  # a markdown table
-    assert (out / f"{stem}.png").stat().st_size > 10_000
-    json.loads((out / f"{stem}.json").read_text())
-    return proc.stdout
+from helpers import BENCH, REPO, run_quick
 
 
 def test_bench_turn_cost_quick(tmp_path):

@@ -15,8 +15,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import ScriptedEnv
-from test_async_grpo import (
+from async_support import (
     PolicyGenerator,
     Recorder,
     answered_by,
@@ -24,10 +23,12 @@ from test_async_grpo import (
     consume,
     lora_async_trainer,
     make_worker,
+    record_pushes,
     reduce_metrics,
     scripted_seeds,
     turn_runs,
 )
+from helpers import ScriptedEnv
 from vllm_server import make_vllm_server_fixture
 
 from trl_env import ChatMLProcessor, ConfigError
@@ -209,20 +210,6 @@ def test_trie_packing_forwards_an_episodes_turn_samples_once_plus_one_token_per_
 # ------------------------------------------------------------------------ the worker, scripted generator
 
 
-def record_pushes(worker):
-    """Every episode's samples as the worker handed them to its buffer, by group: {group_id: [[sample, ...], ...]}."""
-    pushed: dict = {}
-    push = worker._push
-
-    def recorded(episodes):
-        for samples in episodes:
-            pushed.setdefault(samples[0].group_id, []).append(samples)
-        return push(episodes)
-
-    worker._push = recorded
-    return pushed
-
-
 def episode_of(samples, rollouts):
     """The index of the episode whose rows hold ``samples``: each a row's prompt and a prefix of its completion.
 
@@ -358,7 +345,7 @@ def test_worker_pushes_one_sample_per_turn_token_exact_with_hand_computed_advant
 
 
 def test_deployed_history_splits_every_row_per_turn(tokenizer):
-    from test_history_async import deployed_worker
+    from async_support import deployed_worker
 
     worker, groups = deployed_worker(tokenizer, "deployed", credit="discounted")
     pushed = record_pushes(worker)

@@ -8,8 +8,7 @@ import math
 
 import pytest
 import torch
-from test_history import ReplyGenerator
-from test_history_grpo import FlakyTalkEnv, none_for_short, thinking_tokenizer, turns_reward
+from history_support import FlakyTalkEnv, ReplyGenerator, none_for_short, thinking_tokenizer, turns_reward
 
 import trl_env
 from trl_env import ChatMLProcessor, env_reward, make_rollout_func

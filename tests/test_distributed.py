@@ -6,32 +6,10 @@ In process, and against two data-parallel vLLM CPU servers (docs/scaling.md's CP
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from helpers import NO_TORCHRUN, run_two_processes
 from vllm_server import make_vllm_server_fixture
-
-SCRIPT = Path(__file__).parent / "scripts" / "dist_grpo.py"
-NO_TORCHRUN = shutil.which("torchrun") is None and not Path(sys.executable).with_name("torchrun").exists()
-
-
-def run_two_processes(tmp_path, *args: str) -> dict:
-    out = tmp_path / "log.json"
-    torchrun = str(Path(sys.executable).with_name("torchrun"))
-    env = dict(os.environ, TRL_EXPERIMENTAL_SILENCE="1", OMP_NUM_THREADS="1")
-    done = subprocess.run(
-        [torchrun, "--standalone", "--nproc_per_node", "2", str(SCRIPT), str(out), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return json.loads(out.read_text())
 
 
 def check_whole_run_metrics(result: dict) -> None:

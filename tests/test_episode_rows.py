@@ -7,8 +7,7 @@ import json
 from collections import defaultdict
 from types import SimpleNamespace
 
-from test_history import ReplyGenerator
-from test_history_grpo import NumberedTalkEnv, thinking_tokenizer, thinks_by_episode
+from history_support import NumberedTalkEnv, ReplyGenerator, thinking_tokenizer, thinks_by_episode
 
 from trl_env import make_rollout_func
 from trl_env.backends.base import FinishReason

@@ -13,9 +13,8 @@ import time
 
 import numpy as np
 import pytest
-from test_async_grpo import Recorder, check_row, consume, lora_async_trainer
-from test_history import ReplyGenerator
-from test_history_grpo import FlakyTalkEnv, NumberedTalkEnv, thinking_tokenizer, thinks_by_episode
+from async_support import THINK_END_BIAS, Recorder, check_row, consume, deployed_worker, lora_async_trainer
+from history_support import FlakyTalkEnv, ReplyGenerator, thinking_tokenizer
 from vllm_server import make_vllm_server_fixture
 
 from trl_env import ConfigError
@@ -24,18 +23,6 @@ from trl_env.rollout import History
 from trl_env.train.async_grpo import TrlEnvRolloutWorker, group_advantages, patch_for_cpu
 
 FATES = ("pushed", "dropped_stale", "failed", "untrainable", "truncated_masked", "dropped_unscored", "stopped")
-
-
-def deployed_worker(tokenizer, history, **kwargs):
-    tok = thinking_tokenizer(tokenizer)
-    processor = from_tokenizer(tok)
-    gen = ReplyGenerator(tok, processor, think=thinks_by_episode)
-    groups: list = []
-    defaults = dict(num_generations=4, max_staleness=1, max_inflight_groups=2, max_turns=3,
-                    max_completion_length=128, buffer_size=8, lora_name=None, history=history,
-                    on_group=lambda record, rollouts: groups.append((record, rollouts)))  # fmt: skip
-    worker = TrlEnvRolloutWorker(NumberedTalkEnv, processor, tok, gen, ["1", "2", "3"], **(defaults | kwargs))
-    return worker, groups
 
 
 @pytest.mark.parametrize("history", ["sampled", "deployed"])
@@ -107,10 +94,6 @@ def test_from_args_takes_history_and_template_kwargs_and_refusals_come_at_once(t
 
 vllm_history_server = make_vllm_server_fixture(name="vllm_history_server", scope="module",
                                                extra_args=["--max-loras", "3"])  # fmt: skip
-
-THINK_END_BIAS = 5.0
-"""Logit bias on ``</think>``: the random tiny model writes it about once in 1,000 tokens unbiased, about 12% of
-tokens with +5, so Qwen 3's template drops earlier reasoning and deployed episodes split."""
 
 
 @pytest.mark.parametrize("history", ["sampled", "deployed"])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from test_history import ReplyGenerator, check_rows
+from history_support import ReplyGenerator, check_rows
 
 from trl_env.render.env_text import EnvText
 from trl_env.render.history import DeployedHistory

@@ -15,8 +15,8 @@ import functools
 import re
 
 import pytest
-from test_history import SEEDS, ReplyGenerator, TalkEnv, conversations
-from test_history_tools import TOOLS, ToolReplyGenerator, env_factory
+from history_support import SEEDS, ReplyGenerator, TalkEnv, conversations
+from history_tools_support import TOOLS, ToolReplyGenerator, env_factory
 
 from trl_env import Generation
 from trl_env.backends.base import FinishReason, resolved

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
-import re
 import statistics
-import threading
 
 import pytest
 import torch
 from helpers import SpyGenerator, train_grpo
-from test_history import ReplyGenerator
+from history_support import (
+    FlakyTalkEnv,
+    NumberedTalkEnv,
+    ReplyGenerator,
+    none_for_short,
+    thinking_tokenizer,
+    thinks_by_episode,
+    turns_reward,
+)
 
 from trl_env import make_rollout_func
 from trl_env.errors import ConfigError
 from trl_env.render.processors import from_tokenizer
-from trl_env.testing.tokenizers import official_template
 from trl_env.train.episode_trainer import EpisodeGRPOTrainer, episode_advantages
 
 NAN = float("nan")
@@ -45,60 +50,6 @@ def test_episode_advantages_match_a_hand_computation(funcs):
     rewards = torch.tensor(rows)
     advantages, _ = episode_advantages(rewards, torch.ones(funcs), 4)
     assert advantages.tolist() == pytest.approx(hand_advantages(rows, 4), abs=1e-5)
-
-
-class FlakyTalkEnv:
-    """TalkEnv's turns; every 5th instance fails at its first step (an env exception)."""
-
-    count, lock = 0, threading.Lock()
-
-    def __init__(self) -> None:
-        with FlakyTalkEnv.lock:
-            FlakyTalkEnv.count += 1
-            self.number = FlakyTalkEnv.count
-            self.fail = self.number % 5 == 0
-        self.reward, self.alive, self.turn = 0.0, True, 0
-
-    def reset(self, seed):
-        return self, f"Start {seed}: say a number."
-
-    def step(self, action):
-        if self.fail:
-            raise RuntimeError("flaky env")
-        self.turn += 1
-        self.reward += 1.0 if action.strip() in "13579" else 0.0
-        self.alive = self.turn < 3
-        return self, f"Observation {self.turn} after {action.strip()!r}."
-
-
-class NumberedTalkEnv(FlakyTalkEnv):
-    """FlakyTalkEnv that says its instance number, so a reply can depend on its episode (see ``thinks_by_episode``)."""
-
-    def reset(self, seed):
-        return self, f"Start {seed}: env {self.number}, say a number."
-
-
-def thinks_by_episode(prompt: str) -> bool:
-    """Env n's turns before turn ``n % 3`` think: among any 3 of 4 consecutive envs, episodes get different rows."""
-    number = int(re.search(r"env (\d+),", prompt).group(1))
-    return prompt.count("Observation ") < number % 3
-
-
-def thinking_tokenizer(tokenizer):
-    """The tiny tokenizer with Qwen 3's official (thinking) template: it drops earlier reasoning."""
-    import copy
-
-    tok = copy.deepcopy(tokenizer)
-    tok.chat_template = official_template("qwen3")
-    return tok
-
-
-def turns_reward(completions, env_turns, **kwargs):
-    return [t / 3 for t in env_turns]
-
-
-def none_for_short(completions, env_turns, **kwargs):
-    return [None if t < 3 else float(len(c)) % 2 for c, t in zip(completions, env_turns, strict=True)]
 
 
 class Recording(EpisodeGRPOTrainer):

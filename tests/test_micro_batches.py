@@ -9,9 +9,8 @@ import json
 
 import pytest
 import torch
-from test_distributed import NO_TORCHRUN, run_two_processes
-from test_history import ReplyGenerator
-from test_history_grpo import FlakyTalkEnv, NumberedTalkEnv, thinking_tokenizer, thinks_by_episode
+from helpers import NO_TORCHRUN, run_two_processes
+from history_support import FlakyTalkEnv, NumberedTalkEnv, ReplyGenerator, thinking_tokenizer, thinks_by_episode
 
 from trl_env import ConfigError, env_reward, make_rollout_func
 from trl_env.render.processors import from_tokenizer

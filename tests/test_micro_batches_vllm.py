@@ -6,9 +6,8 @@ from __future__ import annotations
 import collections
 
 import torch
-from test_async_grpo import Recorder
-from test_history_async import THINK_END_BIAS
-from test_history_grpo import FlakyTalkEnv, thinking_tokenizer
+from async_support import THINK_END_BIAS, Recorder
+from history_support import FlakyTalkEnv, thinking_tokenizer
 
 from trl_env import VLLMServerGenerator, env_reward, make_rollout_func
 from trl_env.render.processors import from_tokenizer

@@ -17,8 +17,7 @@ from concurrent.futures import Future
 
 import numpy as np
 import pytest
-from helpers import ScriptedEnv, ScriptedGenerator
-from test_trl import grpo_config
+from helpers import ScriptedEnv, ScriptedGenerator, grpo_config
 
 from trl_env import (
     Budgets,

@@ -287,7 +287,7 @@ def test_a_minimal_frozen_generators_session_wraps_the_games_too(tokenizer):
 
 
 def test_deployed_history_gives_each_seat_the_template_rendering_of_its_own_conversation():
-    from test_history import ReplyGenerator as Replies
+    from history_support import ReplyGenerator as Replies
 
     from trl_env.render.env_text import EnvText
     from trl_env.render.history import DeployedHistory

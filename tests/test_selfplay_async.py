@@ -4,9 +4,8 @@ num_generations / 2 games, each row token-exact, and credit="per_role" normalise
 from __future__ import annotations
 
 import pytest
+from async_support import answered_by, check_row, consume, make_worker, record_pushes
 from seat_games import SecretNim
-from test_async_grpo import answered_by, check_row, consume, make_worker
-from test_credit_async import record_pushes
 
 from trl_env import ConfigError
 from trl_env.seats import POLICY, Seating
@@ -16,7 +15,7 @@ SELF_PLAY = Seating(SecretNim, (POLICY, POLICY))
 
 
 def test_worker_plays_games_and_pushes_per_role_advantages(tokenizer):
-    from test_async_grpo import PolicyGenerator
+    from async_support import PolicyGenerator
 
     groups: list = []
     gen = PolicyGenerator(tokenizer, p_stop=0.5)

@@ -12,8 +12,8 @@ import zlib
 import pytest
 import requests
 import torch
+from async_support import Recorder
 from seat_games import SecretNim
-from test_async_grpo import Recorder
 
 from trl_env import ConfigError, VLLMServerGenerator, make_rollout_func
 from trl_env.render.processors import from_tokenizer

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import collections
 
+from async_support import Recorder
 from seat_games import SecretNim
-from test_async_grpo import Recorder
 
 from trl_env import VLLMServerGenerator, env_reward, make_rollout_func
 from trl_env.render.processors import from_tokenizer

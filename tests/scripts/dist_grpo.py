@@ -99,8 +99,7 @@ class RowRecording(EpisodeGRPOTrainer):
 def deployed(out_path: str) -> None:
     """history="deployed" on two processes, rows per process differing (see the module docstring)."""
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
-    from test_history import ReplyGenerator
-    from test_history_grpo import FlakyTalkEnv, NumberedTalkEnv, thinking_tokenizer, thinks_by_episode
+    from history_support import FlakyTalkEnv, NumberedTalkEnv, ReplyGenerator, thinking_tokenizer, thinks_by_episode
 
     from trl_env.render.processors import from_tokenizer
 
