@@ -68,14 +68,12 @@ def test_a_slow_env_never_holds_back_the_turns_of_the_others(tokenizer):
         if ended >= set(range(1, n)):
             gate.others_done.set()
 
-    started = time.perf_counter()
     rollouts = batch_rollout(
         specs, gate.factory, ChatMLProcessor(), tokenizer, spy(tokenizer),
         budgets=Budgets(max_turns=3, max_new_tokens=6), parse_truncated_turns=True, coalesce_s=0.05,
         on_episode_end=on_end,
     )  # fmt: skip
     assert gate.waited == [True], "the other episodes were held back by the slow one"
-    assert time.perf_counter() - started < 15
     assert all(len(r.turns) == 3 for r in rollouts)
 
 

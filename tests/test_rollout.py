@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -271,32 +270,35 @@ def test_wave_backend_batches_every_running_episode(tokenizer):
 
 
 class SlowFastGenerator:
-    """A continuous backend whose requests finish after a delay chosen from the prompt text."""
+    """A continuous backend whose "slow" request finishes only once ``fast_turns`` "fast" ones finished (or 30 s)."""
 
     continuous = True
 
-    def __init__(self, tokenizer, inner):
+    def __init__(self, tokenizer, inner, fast_turns):
         self.tokenizer, self.inner, self.pool = tokenizer, inner, ThreadPoolExecutor(8)
-        self.log, self.lock = [], threading.Lock()
+        self.log, self.lock, self.fast_turns = [], threading.Lock(), fast_turns
+        self.fast_done, self.waited = threading.Event(), []
 
     def submit(self, requests):
         def run(request):
             slow = "slow" in self.tokenizer.decode(request.prompt_ids)
-            time.sleep(0.6 if slow else 0.01)
+            if slow:
+                self.waited.append(self.fast_done.wait(30))  # False: the fast turns waited for this one
             with self.lock:
-                self.log.append(("slow" if slow else "fast", time.perf_counter()))
+                self.log.append("slow" if slow else "fast")
+                if self.log.count("fast") == self.fast_turns:
+                    self.fast_done.set()
             return self.inner.sample(request)
 
         return [self.pool.submit(run, r) for r in requests]
 
 
 def test_continuous_backend_lets_fast_episodes_finish_while_a_slow_one_generates(tokenizer):
-    generator = SlowFastGenerator(tokenizer, scripted(tokenizer, p_stop=1.0))
+    generator = SlowFastGenerator(tokenizer, scripted(tokenizer, p_stop=1.0), fast_turns=8)
     seeds = [seed_of(1, ["slow"]), seed_of(4, ["fast"]), seed_of(4, ["fast"])]
     rollouts = batch_rollout(seeds, ScriptedEnv, ChatMLProcessor(), tokenizer, generator)
-    slow_done = next(t for kind, t in generator.log if kind == "slow")
-    fast_turns_before = sum(1 for kind, t in generator.log if kind == "fast" and t < slow_done)
-    assert fast_turns_before == 8  # both fast episodes ran all 4 turns while the slow turn was in flight
+    assert generator.waited == [True]  # the slow turn was in flight until ...
+    assert generator.log == ["fast"] * 8 + ["slow"]  # ... both fast episodes ran all 4 turns
     assert [len(r.turns) for r in rollouts] == [1, 4, 4]
 
 
@@ -323,11 +325,11 @@ class Hanging:
 
 def test_hung_envs_are_abandoned_at_their_timeout_and_the_rollout_returns(tokenizer):
     seeds = ["hang-reset", "ok", "hang-step", "ok"] * 3
-    started = time.perf_counter()
+    # 6 calls that never return on 2 workers (Hanging.release is never set): the rollout returns at all only because
+    # each is abandoned at env_timeout and its worker replaced
     rollouts = batch_rollout(
         seeds, Hanging, ChatMLProcessor(), tokenizer, scripted(tokenizer, p_stop=1.0), env_workers=2, env_timeout=0.3
     )
-    assert time.perf_counter() - started < 5  # 6 hung calls on 2 workers: each abandoned, its worker replaced
     for seed, r in zip(seeds, rollouts, strict=False):
         if seed.startswith("hang"):
             assert r.ending is Ending.ERROR and r.info["error_kind"] == "env_timeout" and r.reward is None
