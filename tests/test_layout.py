@@ -250,3 +250,20 @@ def test_the_fmt_skip_allowance_shrinks_with_the_code():
     counts = fmt_skip_counts()
     stale = {f: (n, counts.get(f, 0)) for f, n in ALLOWED_FMT_SKIP.items() if counts.get(f, 0) < n}
     assert not stale, f"fewer markers now (allowed, found): lower ALLOWED_FMT_SKIP in tests/test_layout.py: {stale}"
+
+
+def test_no_test_module_imports_another():
+    """Shared fixtures live in conftest.py, helpers in modules not named ``test_*`` (helpers.py, *_support.py)."""
+    tests = Path(__file__).resolve().parent
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            found += [
+                f"{path.relative_to(tests)}:{node.lineno} imports {n}"
+                for n in names
+                if n.split(".")[-1].startswith("test_")
+            ]
+    assert not found, "move what is shared to conftest.py or a support module:\n" + "\n".join(found)
