@@ -107,6 +107,20 @@ def test_a_taskset_verifiers_cannot_load_fails_at_construction_with_verifiers_re
         program(vf_python, "no_such_taskset", tmp_path)
 
 
+def test_a_dataset_larger_than_the_taskset_is_refused_naming_its_size(vf_python, tmp_path):
+    reply = program(vf_python, "vf_reply_tasks", tmp_path)  # 3 tasks
+    try:
+        assert reply.tasks == len(vf_rubrics.QUESTIONS) == 3
+        with pytest.raises(ConfigError, match=r"dataset\(256\).*has 3 tasks.*dataset\(3\)"):
+            reply.dataset(256)  # was 256 rows, 253 of them episodes failing with "the taskset has no task 3"
+        with pytest.raises(ConfigError, match=r"has 3 tasks"):
+            reply.dataset(2, start=2)
+        assert reply.dataset()["prompt"] == ["0", "1", "2"]
+        assert reply.dataset(2, start=1)["prompt"] == ["1", "2"]
+    finally:
+        reply.close()
+
+
 # ---------------------------------------------------------------------------------------- the real vLLM server
 
 

@@ -101,9 +101,21 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
 
 def train_agent(
-    program: Any, doc: str, *, name: str, max_turns: int, max_completion_length: int, argv: list[str] | None = None
+    program: Any,
+    doc: str,
+    *,
+    name: str,
+    max_turns: int,
+    max_completion_length: int,
+    argv: list[str] | None = None,
+    seeds: list[str] | None = None,
+    **rollout_options: Any,
 ) -> dict[str, float]:
-    """Train ``program`` (an agent on the gateway) with EpisodeGRPOTrainer and report, as the other examples do."""
+    """Train ``program`` (an agent on the gateway) with EpisodeGRPOTrainer and report, as the other examples do.
+
+    ``seeds``: the dataset's prompts (default ``mul-0`` .. ``mul-999``); ``rollout_options`` go to
+    ``make_rollout_func``.
+    """
     import torch
     from datasets import Dataset
     from models import load_model_and_tokenizer  # experiment/models.py: offline SmolLM2, tiny model, any path
@@ -135,7 +147,7 @@ def train_agent(
         history="deployed",
         max_turns=max_turns,
         max_new_tokens=16 if args.model == "tiny" else 40,
-        env_timeout=120,
+        **{"env_timeout": 120, **rollout_options},
     )
     config = GRPOConfig(
         output_dir=args.out, max_steps=args.steps, per_device_train_batch_size=args.batch,
@@ -156,7 +168,7 @@ def train_agent(
         model=model,
         reward_funcs=env_reward,
         args=config,
-        train_dataset=Dataset.from_dict({"prompt": [f"mul-{i}" for i in range(1000)]}),
+        train_dataset=Dataset.from_dict({"prompt": seeds if seeds is not None else [f"mul-{i}" for i in range(1000)]}),
         processing_class=tokenizer,
         rollout_func=func,
         callbacks=[Budget()],

@@ -61,7 +61,8 @@ class VerifiersProgram:
     """A verifiers 0.4 environment as an agent program: one verifiers episode per trl-env episode.
 
     The episode's seed names its task: the task's position in the taskset (``"3"``), or its ``TaskData.name`` or
-    ``id``. ``dataset(n)`` builds a ``prompt`` column of positions to train on.
+    ``id``. ``dataset(n)`` builds a ``prompt`` column of positions to train on (at most ``tasks``, the taskset's
+    size: asking for more is a ``ConfigError``, not episodes that fail).
 
     Example::
 
@@ -123,6 +124,8 @@ class VerifiersProgram:
         self._pending: dict[int, Future[dict[str, Any]]] = {}  # the running worker's episodes, by request id
         self._proc: subprocess.Popen[str] | None = None
         self._log = Path(tempfile.mkstemp(prefix="trl-env-verifiers-", suffix=".log")[1])
+        self.tasks: int | None = None
+        """How many tasks the taskset holds (its worker counts them), None when unbounded or above 100,000."""
         self._start()
 
     @classmethod
@@ -151,10 +154,38 @@ class VerifiersProgram:
         config = {"id": taskset} if isinstance(taskset, str) else dict(taskset)
         return cls({"taskset": config, "seat": seat}, **options)
 
-    def dataset(self, limit: int, *, start: int = 0) -> datasets.Dataset:
-        """A dataset whose ``prompt`` column holds task positions ``start .. start+limit-1`` (the episode seeds)."""
+    def dataset(self, limit: int | None = None, *, start: int = 0) -> datasets.Dataset:
+        """A dataset whose ``prompt`` column holds task positions ``start .. start+limit-1`` (the episode seeds).
+
+        Args:
+            limit: How many tasks; None: every task from ``start`` on (the taskset must be bounded).
+            start: The first task's position.
+
+        Raises:
+            ConfigError: the taskset holds fewer tasks than asked for (each missing one would be a failed episode;
+                the trainer goes over a smaller dataset again each epoch), or ``limit`` is None and the taskset's
+                size is unknown (unbounded).
+        """
         import datasets  # type: ignore[import-untyped,unused-ignore]
 
+        if start < 0 or (limit is not None and limit < 1):
+            raise ConfigError(f"dataset(limit={limit}, start={start}): limit must be >= 1 and start >= 0")
+        if limit is None:
+            if self.tasks is None:
+                raise ConfigError(
+                    "dataset(): this taskset is unbounded (or holds more than 100,000 tasks), so 'every task' is "
+                    "not a size: pass the number of tasks to train on, dataset(N)"
+                )
+            limit = self.tasks - start
+        if self.tasks is not None and start + limit > self.tasks:
+            at = f", start={start}" if start else ""
+            raise ConfigError(
+                f"dataset({limit}{at}) asks for tasks {start}..{start + limit - 1}, but the taskset "
+                f"{self.run_config['env'].get('taskset')} has {self.tasks} tasks (positions 0..{self.tasks - 1}): "
+                f"every seed past them would be a failed episode. Ask for dataset({max(0, self.tasks - start)}{at}) "
+                "or dataset() (every task): the trainer goes over the dataset again each epoch (GRPOConfig "
+                "max_steps / num_train_epochs), and plays each prompt num_generations times"
+            )
         return datasets.Dataset.from_dict({"prompt": [str(i) for i in range(start, start + limit)]})
 
     async def __call__(self, run: AgentRun) -> float:
@@ -207,6 +238,7 @@ class VerifiersProgram:
             told = first.get("fatal") or f"it exited with code {proc.returncode}; its log:\n{_tail(self._log)}"
             raise ConfigError(f"verifiers could not build the environment {self.run_config['env']}: {told}")
         self._proc, self._pending = proc, {}
+        self.tasks = first.get("tasks")
         threading.Thread(target=self._read, args=(proc, self._pending), daemon=True, name="trl-env-verifiers").start()
 
     def _submit(self, request: dict[str, Any]) -> Future[dict[str, Any]]:

@@ -5,7 +5,8 @@ It runs under the interpreter that has verifiers 0.4 installed (often a venv of 
 
 Protocol: JSON lines. argv[1] is the run's JSON: ``{"env": <verifiers EnvConfig as a dict>, "sampling": {...}}``;
 an ``env`` holding ``"seat"`` names the env's one seat whatever the env calls it. The worker answers
-``{"ready": true}`` once verifiers built the environment (or ``{"fatal": message}``), then reads requests
+``{"ready": true, "tasks": N}`` once verifiers built the environment (or ``{"fatal": message}``; ``N``: how many
+tasks the taskset holds, ``null`` for an unbounded one or one of more than ``MAX_TASK_SCAN``), then reads requests
 ``{"id", "seed", "base_url", "api_key", "model"}`` from stdin and answers each, in any order, with
 ``{"id", "reward", "episode"}`` or ``{"id", "error", "episode"}`` (``episode``: verifiers' own record of it, as JSON).
 Episodes run concurrently, each in a verifiers ``Env`` of its own (``load_environment``, ``serving``, ``run_slot``).
@@ -55,6 +56,14 @@ def find_task(taskset: Any, seed: str) -> Any:
         if seed in (task.data.name, task.data.id):
             return task
     raise LookupError(f"seed {seed!r} names no task (seeds are task positions, names or ids)")
+
+
+def count_tasks(taskset: Any) -> int | None:
+    """How many tasks ``taskset`` holds; None when it is unbounded or holds more than ``MAX_TASK_SCAN``."""
+    if not taskset.bounded:
+        return None
+    n = sum(1 for _ in itertools.islice(iter(taskset), MAX_TASK_SCAN + 1))
+    return n if n <= MAX_TASK_SCAN else None
 
 
 def reward_of(episode: Any) -> float:
@@ -132,7 +141,7 @@ def main() -> None:
         sys.exit(1)
     import verifiers  # type: ignore[import-not-found,unused-ignore]
 
-    worker.send({"ready": True, "verifiers": verifiers.__version__})
+    worker.send({"ready": True, "verifiers": verifiers.__version__, "tasks": count_tasks(worker.taskset)})
     asyncio.run(worker.serve())
 
 
