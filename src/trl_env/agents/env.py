@@ -13,7 +13,7 @@ import inspect
 import math
 import numbers
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -23,6 +23,7 @@ from trl_env.agents.wire import ChatCall, tool_choice_unmet
 from trl_env.env import Delta, Env, RowSeed, Seed
 from trl_env.errors import AgentError, ConfigError, EpisodeFailure
 from trl_env.render.chat import ChatRequest, Reply
+from trl_env.render.tools.format import tool_schemas
 
 __all__ = ["AgentEnv", "AgentEnvFactory", "agent_env_factory"]
 
@@ -215,6 +216,8 @@ class AgentEnvFactory:
     verify: Verifier | None = None
     settle_s: float = 30.0
     sampling: SamplingMode = "trainer"
+    tools: tuple[dict[str, Any], ...] = ()
+    """The tools the program offers its calls (JSON schemas), declared so the trainer can check the template."""
 
     def __post_init__(self) -> None:
         # the openai SDK and the gateway's stack, imported here: where the factory is unpickled too, so the zygote of
@@ -248,11 +251,12 @@ class AgentEnvFactory:
                 "worker process cannot pass its calls' sampling to the engine; drop env_executor='process' / "
                 "isolated(...), or use sampling='trainer'."
             )
-        return (AgentEnvFactory, (self.program, self.gateway, self.verify, self.settle_s, self.sampling))
+        return (AgentEnvFactory, (self.program, self.gateway, self.verify, self.settle_s, self.sampling, self.tools))
 
 
 def agent_env_factory(program: AgentProgram, *, gateway: Gateway | None = None, verify: Verifier | None = None,
-                      settle_s: float = 30.0, sampling: SamplingMode = "trainer") -> AgentEnvFactory:  # fmt: skip
+                      settle_s: float = 30.0, sampling: SamplingMode = "trainer",
+                      tools: Sequence[Callable[..., Any] | Mapping[str, Any]] = ()) -> AgentEnvFactory:  # fmt: skip
     """An ``env_factory`` running ``program`` once per episode, for ``make_rollout_func`` / ``batch_rollout``.
 
     Use it with ``history="deployed"``. Calls go through ``gateway`` (default: the process's, started on first use).
@@ -260,10 +264,13 @@ def agent_env_factory(program: AgentProgram, *, gateway: Gateway | None = None, 
     agent asks for; ``"agent"`` honours each call's ``temperature`` and ``top_p`` (the generator must take them per
     request: ``VLLMServerGenerator``), which makes the episodes off-policy (docs/agents.md). Either way
     ``info["env"]["agent_sampling"]`` records, per call, what the agent asked for and what was used.
+    ``tools``: the tools the program offers its calls (typed, documented functions or JSON schemas), declared so
+    that ``EpisodeGRPOTrainer`` checks at construction that the chat template renders them (a template without
+    tools would fail every episode); the program still sends its own ``tools`` with each call.
 
     Raises:
-        ConfigError: ``program`` is not callable, ``sampling`` is neither ``"trainer"`` nor ``"agent"``, or the
-            ``agents`` extra is not installed.
+        ConfigError: ``program`` is not callable, ``sampling`` is neither ``"trainer"`` nor ``"agent"``, a tool's
+            schema cannot be read, or the ``agents`` extra is not installed.
     """
     if not callable(program):
         raise ConfigError(f"program={program!r}: pass a function taking an AgentRun (sync or async).")
@@ -274,4 +281,5 @@ def agent_env_factory(program: AgentProgram, *, gateway: Gateway | None = None, 
         )
     # it pickles (with a module-level program and the default gateway), so ``env_executor="process"`` /
     # ``isolated(...)`` can run each program in a worker process of its own (``sampling="trainer"`` only)
-    return AgentEnvFactory(program, gateway=gateway, verify=verify, settle_s=settle_s, sampling=sampling)
+    schemas = tuple(tool_schemas(tools)) if tools else ()
+    return AgentEnvFactory(program, gateway=gateway, verify=verify, settle_s=settle_s, sampling=sampling, tools=schemas)

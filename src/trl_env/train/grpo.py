@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -18,7 +19,7 @@ from trl_env.backends.base import Generator, as_generator
 from trl_env.backends.vllm_colocate import VLLMColocateGenerator
 from trl_env.backends.vllm_server import VLLMServerGenerator
 from trl_env.env import Env, RowSeed, Seed
-from trl_env.errors import ConfigError, TrlEnvError
+from trl_env.errors import ConfigError, ProcessorError, TrlEnvError
 from trl_env.render.processors.base import Processor, check_processor
 from trl_env.rollout import Ending, History, Rollout
 from trl_env.rollout.failures import FailureLog
@@ -169,9 +170,16 @@ def make_rollout_func(
     groups = {"limits": limits, "engine": engine, "backend": backend, "logging": logging}
     built = RolloutOptions.build(groups, options)
     check_executor(env_factory, built.engine.env_executor)
+    tools = _declared_tools(env_factory)
     if built.engine.env_executor == "process" and not isinstance(env_factory, Seating):
         env_factory = isolated(env_factory, pool_size=built.engine.env_workers, memory_mb=built.engine.env_memory_mb)
-    return RolloutFunction(env_factory, processor, built, credit=credit)
+    return RolloutFunction(env_factory, processor, built, credit=credit, tools=tools)
+
+
+def _declared_tools(env_factory: Any) -> tuple[dict[str, Any], ...]:
+    """The tools an ``agent_env_factory(..., tools=...)`` declares (its module is loaded if one was built)."""
+    agents = sys.modules.get("trl_env.agents.env")
+    return env_factory.tools if agents is not None and isinstance(env_factory, agents.AgentEnvFactory) else ()
 
 
 def _with_system_prompt(processor: Processor, system_prompt: str) -> Processor:
@@ -196,8 +204,12 @@ class RolloutFunction:
         options: RolloutOptions,
         *,
         credit: str | CreditEstimator = "episode",
+        tools: tuple[dict[str, Any], ...] = (),
     ) -> None:
         self.env_factory, self.processor, self.options = env_factory, processor, options
+        self.tools = tools
+        """The tools the env factory declares (``agent_env_factory(..., tools=...)``), checked by ``check_config``."""
+        self._config_checked = False
         self.credit = credit
         """``make_rollout_func``'s ``credit=``, read by ``EpisodeGRPOTrainer`` (GRPOTrainer takes only "episode")."""
         self._generators: dict[int, Generator] = {}
@@ -241,6 +253,8 @@ class RolloutFunction:
         # trl-env decides which episodes are truncated; TRL's own rule (last token not EOS) is switched off.
         self.mask_truncated = take_over_truncation(trainer)
         engine = self.options.engine
+        if not self._config_checked:  # GRPOTrainer's construction does not tell us; EpisodeGRPOTrainer's did
+            self.check_config(tokenizer, trainer.args.max_completion_length, gen.context_limit)
         with gen.session():  # e.g. wake a sleeping colocated vLLM
             budgets = self.options.limits.budgets(trainer.args.max_completion_length, gen.context_limit)
             seeds = [_seed_or_error(p) for p in prompts]
@@ -251,6 +265,51 @@ class RolloutFunction:
         if engine.history is History.SAMPLED:  # deployed rows are the template's rendering by construction
             self._check_template(rollouts, tokenizer)
         return rollouts
+
+    def check_config(self, tokenizer: Any, max_completion_length: int, context_limit: int | None) -> None:
+        """Refuse, before any episode, a configuration that would fail every episode for a reason known now.
+
+        Args:
+            tokenizer: The trainer's tokenizer (its chat template).
+            max_completion_length: ``GRPOConfig.max_completion_length``.
+            context_limit: The model's context length, where known (``make_rollout_func(max_context=...)`` wins).
+
+        Raises:
+            ConfigError: the env factory declares tools (``agent_env_factory(..., tools=...)``) and the chat template
+                renders no tool-calling conversation; or the opening prompt (system prompt and the template's
+                opening) alone fills ``max_context``.
+        """
+        from trl_env.render.tools.format import ToolFormat
+
+        self._config_checked = True
+        tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a multimodal processor wraps it
+        template_kwargs = dict(self.options.engine.template_kwargs or {})
+        if self.tools:
+            names = ", ".join(tool["function"]["name"] for tool in self.tools)
+            try:
+                ToolFormat.read(tokenizer, list(self.tools), template_kwargs=template_kwargs)
+            except ProcessorError as e:
+                raise ConfigError(
+                    f"agent_env_factory(..., tools=[{names}]) declares tools, and the tokenizer's chat template "
+                    f"renders no tool-calling conversation with them ({e}): every episode would fail at its first "
+                    "call. Set tokenizer.chat_template to a tool-capable template (the model family's own, or one "
+                    "TRL ships, e.g. trl/chat_templates/qwen2_5.jinja for ChatML models: `trl-env eval "
+                    "--chat-template qwen2_5`), or drop the tools."
+                ) from e
+        max_context = self.options.limits.budgets(max_completion_length, context_limit).max_context
+        if max_context is None:
+            return
+        try:  # the processor's opening before any env text: a lower bound of every episode's first prompt
+            opening = len(tokenizer.encode(self.processor.init_system_input(""), add_special_tokens=False))
+        except (TrlEnvError, ValueError):
+            return  # a processor that cannot render an empty prompt: the engine reports it per episode
+        if opening >= max_context:
+            raise ConfigError(
+                f"the opening prompt (the processor's system prompt and the chat template's opening, before any env "
+                f"text) is {opening} tokens, and max_context={max_context} leaves no room for one sampled token: "
+                "every episode would end before its first turn. Shorten the system prompt, or raise max_context "
+                "(make_rollout_func(max_context=...); default: the model's context length)."
+            )
 
     def _generator(self, trainer: Any) -> Generator:
         backend = self.options.backend
