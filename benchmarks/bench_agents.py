@@ -46,6 +46,13 @@ wall and the process's CPU are the paths' own (rendering, parsing, the engine; f
 gateway too). The CPU per call, agent minus env, is what the agent path adds on the trainer's process:
 
     python benchmarks/bench_agents.py --scripted --episodes 64 256 --repeat 3
+
+The other dialects (opt-in paths, ``--paths env agent agent-responses agent-messages``): ``agent-responses`` is the
+``agent`` program on the Responses API (``run.openai().responses.create``, the answer's output items sent back as
+input items) and ``agent-messages`` on Anthropic Messages (``run.anthropic().messages.create``, the answer's content
+blocks sent back), both in-process as ``agent``: their trainer CPU per call beside the chat route's (issue 45):
+
+    python benchmarks/bench_agents.py --scripted --paths env agent agent-responses agent-messages --episodes 64
 """
 
 from __future__ import annotations
@@ -76,14 +83,19 @@ from trl_env.agents.run import AgentRun
 from trl_env.rollout.isolation import isolated
 
 PATHS = ["env", "env-sdk", "agent", "agent-http", "agent-proc"]
+DIALECT_PATHS = ["agent-responses", "agent-messages"]
+"""Opt-in (``--paths``): the ``agent`` program in the gateway's other dialects."""
 _client_times: dict[str, list[tuple[float, float]]] = {}
 _client_lock = threading.Lock()
 _errors: list[str] = []
 
 
-def agent_program(run: AgentRun, http: bool = False, turns: int = 4) -> float:
+def agent_program(run: AgentRun, http: bool = False, turns: int = 4, dialect: str = "chat") -> float:
     """``BenchEnv``'s task (``turns`` turns, the same observations) on the openai SDK; records each call's client
-    time (in this process's ``_client_times``: ``TimedAgentEnv`` puts them in its info)."""
+    time (in this process's ``_client_times``: ``TimedAgentEnv`` puts them in its info). ``dialect``: ``"chat"``,
+    or the same task on ``"responses"`` / ``"messages"`` (``dialect_program``)."""
+    if dialect != "chat":
+        return dialect_program(run, turns, dialect)
     if http:
         import openai
 
@@ -108,6 +120,31 @@ def agent_program(run: AgentRun, http: bool = False, turns: int = 4) -> float:
         messages.append(answer.model_dump(exclude_none=True))
         if turn < turns:
             messages.append({"role": "user", "content": f"Turn {turn} noted. Next."})
+    with _client_lock:
+        _client_times[run.seed] = times
+    client.close()
+    return float(turns)
+
+
+def dialect_program(run: AgentRun, turns: int, dialect: str) -> float:
+    """``agent_program``'s task on the Responses API (``run.openai()``) or Anthropic Messages (``run.anthropic()``),
+    each answer sent back as its SDK returns it (output items; content blocks)."""
+    first = f"Episode {run.seed}. Say anything; this game lasts {turns} turns."
+    items: list[Any] = [{"role": "user", "content": first}]
+    make = run.openai if dialect == "responses" else run.anthropic
+    client: Any = make(max_retries=0, timeout=600)
+    times = []
+    for turn in range(1, turns + 1):
+        t0 = time.perf_counter()
+        if dialect == "responses":
+            output = client.responses.create(model=run.model, input=items).output
+        else:
+            output = client.messages.create(model=run.model, max_tokens=4096, messages=items).content
+        times.append((t0, time.perf_counter()))
+        dumped = [part.model_dump(exclude_none=True) for part in output]
+        items += dumped if dialect == "responses" else [{"role": "assistant", "content": dumped}]
+        if turn < turns:
+            items.append({"role": "user", "content": f"Turn {turn} noted. Next."})
     with _client_lock:
         _client_times[run.seed] = times
     client.close()
@@ -294,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--proc-pool", type=int, default=64,
                         help="agent-proc: idle worker processes kept between runs (~30 MB each); run at N <= it")  # fmt: skip
     parser.add_argument("--coalesce-s", default="auto", help="batch_rollout's coalesce_s: 'auto' or seconds")
-    parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS), help="which paths (env first)")
+    parser.add_argument("--paths", nargs="+", choices=PATHS + DIALECT_PATHS, default=list(PATHS),
+                        help="which paths (env first; agent-responses and agent-messages only when named)")  # fmt: skip
     parser.add_argument("--scripted", action="store_true", help="no server: an instant generator (CPU per call)")
     parser.add_argument("--scripted-latency-ms", type=float, default=0.0,
                         help="--scripted: answer each request after this long, as a continuous generator")  # fmt: skip
@@ -344,7 +382,9 @@ def main(argv: list[str] | None = None) -> int:
         budgets = Budgets(max_turns=args.turns, max_new_tokens=args.tokens, max_completion_tokens=4096)
         program = functools.partial(agent_program, turns=args.turns)
         factories = {"env": C.EnvFactory(args.turns), "env-sdk": functools.partial(SdkEnv, args.turns), "agent": TimedFactory(program),
-                     "agent-http": TimedFactory(functools.partial(program, http=True))}  # fmt: skip
+                     "agent-http": TimedFactory(functools.partial(program, http=True)),
+                     "agent-responses": TimedFactory(functools.partial(program, dialect="responses")),
+                     "agent-messages": TimedFactory(functools.partial(program, dialect="messages"))}  # fmt: skip
         if "agent-proc" in PATHS:  # as make_rollout_func(..., env_executor="process") wraps it, with a larger pool
             factories["agent-proc"] = isolated(TimedFactory(program), pool_size=args.proc_pool)
 
