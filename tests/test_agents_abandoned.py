@@ -22,17 +22,20 @@ QUESTION = "What is 40 + 2?"
 def first_event_then_close(dialect: str, run) -> None:
     """Open a streaming call in ``dialect`` with a fresh SDK client on ``run.base_url``, read one event, close."""
     if dialect == "messages":
-        client = framework("anthropic", "agents-dialects").Anthropic(base_url=run.root_url, api_key=run.api_key,
-                                                                    max_retries=0)  # fmt: skip
-        stream = client.messages.create(model=run.model, max_tokens=64, stream=True,
-                                        messages=[{"role": "user", "content": QUESTION}])  # fmt: skip
+        client = framework("anthropic", "agents-dialects").Anthropic(
+            base_url=run.root_url, api_key=run.api_key, max_retries=0
+        )
+        stream = client.messages.create(
+            model=run.model, max_tokens=64, stream=True, messages=[{"role": "user", "content": QUESTION}]
+        )
     else:
         client = openai.OpenAI(base_url=run.base_url, api_key=run.api_key, max_retries=0)
         if dialect == "responses":
             stream = client.responses.create(model=run.model, input=QUESTION, stream=True)
         else:
-            stream = client.chat.completions.create(model=run.model, stream=True,
-                                                    messages=[{"role": "user", "content": QUESTION}])  # fmt: skip
+            stream = client.chat.completions.create(
+                model=run.model, stream=True, messages=[{"role": "user", "content": QUESTION}]
+            )
     next(iter(stream))
     stream.close()  # the response's connection closes with the rest of the stream unread
     client.close()

@@ -39,17 +39,39 @@ def test_two_real_grpo_steps_of_a_dialect_agent_every_row_token_exact_against_vl
     tok.chat_template = trl_templates()["qwen2_5"]  # ChatML with the tool layout, as the examples set it
     recorder = Recorder()
     gen = VLLMServerGenerator(url, model=model_dir, post=recorder, temperature=1.0)
-    func = make_rollout_func(agent_env_factory(example.agent), from_tokenizer(tok), history="deployed", generator=gen,
-                             max_turns=4, max_new_tokens=12, env_timeout=120)  # fmt: skip
+    func = make_rollout_func(
+        agent_env_factory(example.agent),
+        from_tokenizer(tok),
+        history="deployed",
+        generator=gen,
+        max_turns=4,
+        max_new_tokens=12,
+        env_timeout=120,
+    )
     seen = []
     rollouts = func.rollouts
     func.rollouts = lambda prompts, trainer: seen.append(rollouts(prompts, trainer)) or seen[-1]
-    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4,
-                      max_completion_length=160, max_steps=2, logging_steps=1, report_to=[], save_strategy="no",
-                      use_cpu=True, bf16=False, seed=0)  # fmt: skip
-    trainer = EpisodeGRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir), reward_funcs=env_reward,
-                                 args=args, processing_class=tok, rollout_func=func,
-                                 train_dataset=Dataset.from_dict({"prompt": ["mul-1", "mul-2"] * 8}))  # fmt: skip
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=160,
+        max_steps=2,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+    )
+    trainer = EpisodeGRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(model_dir),
+        reward_funcs=env_reward,
+        args=args,
+        processing_class=tok,
+        rollout_func=func,
+        train_dataset=Dataset.from_dict({"prompt": ["mul-1", "mul-2"] * 8}),
+    )
     trainer.train()
 
     assert sum("loss" in h for h in trainer.state.log_history) == 2
