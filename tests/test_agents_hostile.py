@@ -49,6 +49,7 @@ def ask(run, n, **extra):
                       timeout=60)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_an_ended_episodes_key_is_refused_and_records_nothing(tokenizer, gateway):
     keys = {}
 
@@ -121,6 +122,7 @@ def test_slow_loris_connections_do_not_stop_others(tokenizer, gateway):
         s.close()
 
 
+@pytest.mark.slow
 def test_500_concurrent_calls_from_one_episode_are_answered_or_refused_never_mixed(tokenizer):
     answers = {}
 
@@ -205,6 +207,7 @@ def test_programs_in_worker_processes_a_program_that_kills_its_interpreter_fails
     assert by["a"].reward == by["b"].reward == 1.0
 
 
+@pytest.mark.slow
 def test_an_idle_keep_alive_connection_outlives_the_clients_pool_expiry():
     # httpx (under the openai SDK) keeps an idle pooled connection for 5 s; a gateway that closed idle connections at
     # 5 s too raced it: a call sent on a connection the gateway was closing failed with "Server disconnected without

@@ -131,6 +131,7 @@ def tool_script(tokenizer, processor, thought):
     return lambda k, p: replies[k] if k < 2 else final
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "marker", "thought"),
     [

@@ -39,6 +39,7 @@ def roll(tokenizer, generator, **factory):
     return rollout
 
 
+@pytest.mark.slow
 def test_by_default_the_trainers_sampling_is_used_and_info_records_what_the_agent_asked(chatml):
     generator = SamplingGenerator(chatml, lambda k, p: f"{k}<|im_end|>")
     rollout = roll(chatml, generator)

@@ -20,6 +20,8 @@ import sys
 import pytest
 from helpers import BENCH, REPO, run_quick
 
+pytestmark = pytest.mark.slow  # runs the benchmark scripts
+
 
 def test_bench_turn_cost_quick(tmp_path):
     text = run_quick("bench_turn_cost.py", tmp_path)

@@ -14,7 +14,11 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 from trl_env.testing import save_tiny_model
+
+pytestmark = pytest.mark.slow  # a fresh interpreter per case
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS_CLI, RUNS_TRAIN = 8, 4

@@ -17,6 +17,8 @@ from trl_env.render.processors import from_tokenizer
 from trl_env.train.credit import DiscountedReturns, EpisodeCredit, GiGPO, get_estimator, token_advantages
 from trl_env.train.episode_trainer import EpisodeGRPOTrainer, env_reward_columns
 
+pytestmark = pytest.mark.slow  # two real GRPO steps per estimator and loss type
+
 
 def recording(cls):
     class Recording(cls):

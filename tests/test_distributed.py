@@ -11,6 +11,8 @@ import pytest
 from helpers import NO_TORCHRUN, run_two_processes
 from vllm_server import make_vllm_server_fixture
 
+pytestmark = pytest.mark.slow  # torchrun processes
+
 
 def check_whole_run_metrics(result: dict) -> None:
     assert result["num_processes"] == 2

@@ -14,6 +14,8 @@ import pytest
 
 import trl_env
 
+pytestmark = pytest.mark.slow  # runs every python block of the docs
+
 ROOT = Path(__file__).parent.parent
 INTEGRATIONS = ["train.grpo", "train.options", "train.episode_trainer", "train.metrics", "train.async_grpo"]
 INTEGRATIONS += [

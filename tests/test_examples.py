@@ -13,6 +13,8 @@ sys.path.insert(0, str(EXAMPLES))
 
 from guess_number import GuessNumberEnv  # noqa: E402  # the examples folder is not a package
 
+pytestmark = pytest.mark.slow  # runs the example scripts
+
 
 def play(env, seed, actions):
     env, delta = env.reset(seed)

@@ -20,6 +20,8 @@ sys.path.insert(0, str(EXAMPLES))
 from discrete_log import DiscreteLogEnv, primitive_root  # noqa: E402  # the examples folder is not a package
 from reach_target import BONUS, INVALID, STEP_COST, ReachTargetEnv  # noqa: E402
 
+pytestmark = pytest.mark.slow  # runs the example scripts
+
 FAST = Sandbox(cpu_seconds=1, wall_seconds=10, memory_bytes=128 * 2**20, max_output_bytes=1000)
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox is Linux-only")
 

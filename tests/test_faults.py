@@ -30,6 +30,8 @@ from trl_env import (
     to_trl,
 )
 
+pytestmark = pytest.mark.slow  # 1000 episodes with injected faults; the rest need the vLLM server
+
 ENV_KIND = {
     "env_exception": "env_exception",
     "env_hang": "env_timeout",

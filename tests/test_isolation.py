@@ -40,6 +40,7 @@ def test_crashes_exits_and_errors_in_env_code_end_only_their_episode(tokenizer):
     assert all(r.ending is Ending.ERROR for s, r in by_seed.items() if s != "ok")
 
 
+@pytest.mark.slow
 def test_a_hung_env_is_abandoned_at_its_timeout_and_its_worker_killed(tokenizer):
     import time
 
@@ -71,6 +72,7 @@ def test_a_factory_that_cannot_reach_a_process_fails_early_with_the_fix():
         isolated(lambda: CrashEnv())
 
 
+@pytest.mark.slow
 def test_grpo_trains_with_envs_in_worker_processes_and_a_segfault_costs_one_row(tmp_path, model, tokenizer):
     from tests.helpers import train_grpo
     from trl_env import make_rollout_func

@@ -16,6 +16,8 @@ from trl_env import ConfigError, env_reward, make_rollout_func
 from trl_env.render.processors import from_tokenizer
 from trl_env.train.episode_trainer import EpisodeGRPOTrainer
 
+pytestmark = pytest.mark.slow  # GRPO steps with the tiny model and a two-process torchrun run
+
 LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "sapo", "luspo", "cispo", "vespo"]
 BUDGET = 300  # tokens per micro-batch: rows x padded length
 

@@ -136,6 +136,7 @@ def test_observation_text_is_its_one_string_field_else_json():
     assert observation_to_text({"a": "x", "b": 2, "c": "y"}) == '{"a": "x", "b": 2, "c": "y"}'
 
 
+@pytest.mark.slow
 def test_multi_turn_rollouts_are_token_exact_and_rewards_are_what_the_server_reported(servers, model, tokenizer):
     server = servers["main"]
     seeds = [str(100 + i) for i in range(SESSIONS)]  # one session per episode: exactly the server's capacity
@@ -164,6 +165,7 @@ def test_multi_turn_rollouts_are_token_exact_and_rewards_are_what_the_server_rep
     assert sum(r.reward for r in rollouts) > 0  # partial credit: the check is not vacuous
 
 
+@pytest.mark.slow
 def test_episodes_cut_by_max_turns_give_their_sessions_back(servers, model, tokenizer):
     server = servers["main"]
     for attempt in range(2):  # a leaked session would leave the second batch over the server's capacity
@@ -173,6 +175,7 @@ def test_episodes_cut_by_max_turns_give_their_sessions_back(servers, model, toke
         assert [r.ending for r in rollouts] == [Ending.MAX_TURNS] * SESSIONS, (attempt, [r.error for r in rollouts])
 
 
+@pytest.mark.slow
 def test_more_episodes_than_server_sessions_fail_with_a_capacity_hint(servers, model, tokenizer):
     url = servers["main"].base_url
     rollouts = rollout(
@@ -229,6 +232,7 @@ def test_unreachable_server_ends_each_episode_as_an_error_at_once(model, tokeniz
         rollout(model, tokenizer, ["1"], lambda: OpenEnvAdapter(dead, connect_timeout_s=2), strict=True)
 
 
+@pytest.mark.slow
 def test_a_schema_that_never_answers_stalls_only_its_own_server_up_to_the_timeout(
     servers, model, tokenizer, monkeypatch
 ):
@@ -280,6 +284,7 @@ def test_a_schema_that_never_answers_stalls_only_its_own_server_up_to_the_timeou
     assert [r.ending for r in recovered] == [Ending.ENV_DONE] * 2, [r.error for r in recovered]
 
 
+@pytest.mark.slow
 def test_an_env_whose_server_renamed_its_action_field_is_read_again(servers, model, tokenizer):
     fault = servers["victim"].ready()
     try:
@@ -341,6 +346,7 @@ def test_a_frozen_server_is_bounded_by_the_adapters_own_timeouts_and_named_alike
         assert "did not open a session within connect_timeout_s=1" in r.error, report
 
 
+@pytest.mark.slow
 def test_server_killed_mid_run_ends_its_episodes_as_errors(servers, model, tokenizer):
     server = servers["victim"].ready()
     spy = KillBeforeWave(TransformersGenerator(model, pad_token_id=tokenizer.pad_token_id), server.proc, signal.SIGKILL)
@@ -354,6 +360,7 @@ def test_server_killed_mid_run_ends_its_episodes_as_errors(servers, model, token
     assert_token_exact(rollouts, spy.requests, spy.outputs)  # the turns sampled before the failure stay exact
 
 
+@pytest.mark.slow
 def test_openenv_echo_example_trains_one_step_against_its_own_server(tmp_path):
     summary = openenv_echo.main(["--model", "tiny", "--steps", "1", "--out", str(tmp_path)])
     assert summary["wall_s"] > 0

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # builds a wheel and installs it in a fresh venv
+
 ROOT = Path(__file__).resolve().parent.parent
 CLEAN = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 """The environment for the fresh venv's processes: nothing may point them at the source tree."""

@@ -50,6 +50,7 @@ def test_same_seed_same_question_and_distinct_seeds_mostly_distinct_questions(da
     assert problems == [f"{dataset}/{i}" for i in range(5)]
 
 
+@pytest.mark.slow
 def test_the_problem_is_the_same_in_another_process_and_importing_the_module_does_not_import_reasoning_gym():
     code = (
         "import json, sys\n"
@@ -207,6 +208,7 @@ def test_episodes_through_the_engine_end_when_solved_or_out_of_attempts(tokenize
     assert "2 attempts left" in unsolved and library_entry("leg_counting", "1")["answer"] not in unsolved
 
 
+@pytest.mark.slow
 def test_grpo_trains_two_steps_on_a_reasoning_gym_dataset(tmp_path, model, tokenizer):
     import functools
 
@@ -224,6 +226,7 @@ def test_grpo_trains_two_steps_on_a_reasoning_gym_dataset(tmp_path, model, token
     assert all(h["env/ending_env_done_rate"] == 1.0 for h in logged)
 
 
+@pytest.mark.slow
 def test_trl_env_eval_runs_a_reasoning_gym_dataset_with_the_tiny_model(tmp_path, capsys):
     from trl_env.tools.cli import main
 

@@ -477,6 +477,7 @@ def _write_many(path, process_index):
         write_transcripts(path, rollouts, step=1, process_index=process_index, mode="train")
 
 
+@pytest.mark.slow
 def test_transcripts_of_concurrent_processes_never_interleave_and_name_their_process(tmp_path):
     path = str(tmp_path / "t.jsonl")
     ctx = multiprocessing.get_context("spawn")

@@ -19,7 +19,10 @@ import sandbox_attacks
 
 from trl_env.sandbox import Sandbox
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox is Linux-only")
+pytestmark = [
+    pytest.mark.slow,  # attack programs, each in a fresh sandbox
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox is Linux-only"),
+]
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
 
 

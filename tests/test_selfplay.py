@@ -113,6 +113,7 @@ def test_trl_env_eval_reports_each_seat_against_a_fixed_random_opponent(tmp_path
     assert random_move("Available Moves: '[3]'") == "[3]"
 
 
+@pytest.mark.slow
 def test_selfplay_example_training_script_smoke(tmp_path):
     import sys
     from pathlib import Path

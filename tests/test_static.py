@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # ruff over the repository and mypy over src (about a minute of CPU)
+
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "trl_env"
 

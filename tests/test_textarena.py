@@ -86,6 +86,7 @@ def test_a_game_cut_by_trl_env_learns_why(tokenizer):
     assert cut.info["truncated"] == "max_turns" and cut.info["env"]["reason"] == "cut by trl-env (max_turns)"
 
 
+@pytest.mark.slow
 def test_grpo_trains_two_steps_on_a_textarena_game(tmp_path, model, tokenizer):
     from tests.helpers import train_grpo
     from trl_env import make_rollout_func
@@ -100,6 +101,7 @@ def test_grpo_trains_two_steps_on_a_textarena_game(tmp_path, model, tokenizer):
     assert len(logged) == 2 and all(h["env/ending_error_rate"] == 0.0 for h in logged)
 
 
+@pytest.mark.slow
 def test_textarena_example_training_script_smoke(tmp_path):
     import sys
     from pathlib import Path

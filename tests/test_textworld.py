@@ -23,6 +23,8 @@ from helpers import ReplyGenerator  # noqa: E402
 from trl_env import Budgets, ChatMLProcessor, ConfigError, Ending, batch_rollout  # noqa: E402
 from trl_env.adapters.textworld import REFUSAL, TextWorldEnv, sanitize_command  # noqa: E402
 
+pytestmark = pytest.mark.slow  # generates TextWorld games (Inform 7) and runs Jericho in worker processes
+
 SEEDS = ["game-0", "game-1", "game-2", "game-3"]
 
 

@@ -15,7 +15,10 @@ EXAMPLES = Path(__file__).parent.parent.parent / "experiment" / "examples"
 sys.path.insert(0, str(EXAMPLES))
 
 import calculator_tools  # noqa: E402  # the examples folder is not a package
+import pytest  # noqa: E402
 from calculator_tools import CalculatorEnv, expression, processor_for, score  # noqa: E402
+
+pytestmark = pytest.mark.slow  # GRPO steps and the calculator example script
 
 
 def test_the_task_comes_from_the_seed_and_the_answer_is_scored():
