@@ -112,9 +112,15 @@ def children():
     return {p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE}
 
 
+def started(factory, tokenizer):
+    """``factory`` with its zygote started (seconds on a loaded machine: not to be timed by a short env_timeout)."""
+    run(tokenizer, factory, ["ok"], env_timeout=120)
+    return factory
+
+
 def test_a_hung_close_in_a_worker_process_kills_that_worker(tokenizer):
-    factory = isolated(Failing, pool_size=4)
-    (rollout,) = run(tokenizer, factory, ["close_hang"], env_timeout=2)
+    factory = started(isolated(Failing, pool_size=4), tokenizer)
+    (rollout,) = run(tokenizer, factory, ["close_hang"], env_timeout=5)
     pid = rollout.info["env"]["pid"]
     assert "close did not return" in rollout.info["close_error"]
     assert pid not in children()  # killed (and reaped) by the time batch_rollout returns
@@ -122,10 +128,10 @@ def test_a_hung_close_in_a_worker_process_kills_that_worker(tokenizer):
 
 @pytest.mark.parametrize("seed", ["raise_reset", "hang_reset"])
 def test_a_failed_or_timed_out_reset_in_a_worker_process_gives_the_worker_back_or_kills_it(tokenizer, seed):
-    factory = isolated(Failing, pool_size=1)
+    factory = started(isolated(Failing, pool_size=1), tokenizer)
     counts = []
     for _ in range(3):
-        rollouts = run(tokenizer, factory, [seed, seed, "ok"], env_timeout=2)
+        rollouts = run(tokenizer, factory, [seed, seed, "ok"], env_timeout=5)
         assert [r.ending for r in rollouts] == [Ending.ERROR, Ending.ERROR, Ending.ENV_DONE]
         counts.append(len(children()))
     assert counts[0] == counts[1] == counts[2], counts  # the zygote and its one pooled worker, every time
