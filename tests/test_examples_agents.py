@@ -29,6 +29,7 @@ def test_agent_tools_scores_the_last_number_of_the_final_reply():
     assert agent_tools.score("", 6, 7) == agent_tools.score("420", 6, 7) == 0.0
 
 
+@pytest.mark.slow
 def test_agent_tools_training_script_smoke(tmp_path):
     import agent_tools
 
@@ -117,6 +118,7 @@ def test_the_dialect_examples_training_script_smoke(tmp_path, name):
     assert len(rewards) == 2
 
 
+@pytest.mark.slow
 def test_verifiers_echo_trains_offline_on_verifiers_openenv_taskset(tmp_path):
     if not (EXAMPLES.parent.parent / ".venv-verifiers" / "bin" / "python").exists():
         pytest.skip("no .venv-verifiers: run `bash scripts/install.sh`")
