@@ -165,7 +165,7 @@ def test_env_code_that_cannot_load_fails_every_episode_with_its_cause_once_and_l
 
     import counted_env
 
-    from trl_env import isolation
+    from trl_env.rollout import isolation
 
     started = []
     real_init = isolation._Zygote.__init__
