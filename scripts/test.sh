@@ -12,7 +12,7 @@ plan=$(python3 scripts/test_plan.py "$@")
 echo "[test] plan: $(echo $plan)"
 if grep -q "install=yes" <<<"$plan"; then
   free_gb=$(df -Pk . | awk 'NR==2 {print int($4 / 1048576)}')
-  echo "[test] ${free_gb} GB free here; .venv takes about 2.5 GB, .venv-vllm 3.4 GB more, pip ~1 GB while it installs"
+  echo "[test] ${free_gb} GB free here; .venv and .venv-verifiers take about 3.5 GB, .venv-vllm 2.7 GB more, pip ~1 GB while it installs"
   bash scripts/install.sh
   python3 -c "import sys; sys.path.insert(0, 'scripts'); import test_plan; print(test_plan.install_hash())" \
     > .venv/.trl_env_install_stamp

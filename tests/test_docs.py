@@ -117,3 +117,20 @@ def test_snippet_runs(page, index, code, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     namespace = {"__name__": "__snippet__"}  # nothing given: a block runs as a reader pastes it
     exec(compile(code, f"{page} (python block {index})", "exec"), namespace)
+
+
+def test_the_main_jobs_time_and_disk_are_stated_in_one_place():
+    """One duration and one disk figure for `bash scripts/train.sh`, in getting-started's "What to expect"; the README
+    and the example point there (they quoted ~15 min, about 7 minutes, 452 s and about 5 GB)."""
+    guide = (ROOT / "docs" / "getting-started.md").read_text()
+    section = guide[guide.index("## What to expect") :].split("\n## ")[0]
+    assert "452 s" in section and "3.6 GB" in section and "tests/test_reproducible.py" in section
+    example = (ROOT / "experiment" / "examples" / "guess_number.py").read_text()
+    readme = (ROOT / "README.md").read_text()
+    assert "getting-started.md#what-to-expect" in readme and '"What to expect"' in example
+    stale = re.compile(r"~15 min|about 7 minutes|about 5 GB")
+    assert not [
+        p
+        for p, text in [("README.md", readme), ("getting-started.md", guide), ("guess_number.py", example)]
+        if stale.search(text)
+    ]

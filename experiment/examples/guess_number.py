@@ -5,7 +5,8 @@ and answers each guess with "Higher." or "Lower."; the episode ends when the mod
 runs out of turns. Reward: 1.0 for a win (minus 0.1 per extra turn), else up to 0.5 for how close
 the last guess came; a reply with no number costs 0.2.
 
-Hardware: a CPU (2 cores, ~15 min with SmolLM2-135M-Instruct) or anything bigger.
+Hardware: a CPU (2 cores: 20 steps with SmolLM2-135M-Instruct in 452 s of training, idle; docs/getting-started.md,
+          "What to expect") or anything bigger.
 Run:      python experiment/examples/guess_number.py                 # the main job (SmolLM2, prepared offline)
           python experiment/examples/guess_number.py --model tiny --steps 2   # smoke run, seconds
 """
