@@ -24,7 +24,7 @@ from trl_env.rollout.records import Row, Turn
 from trl_env.train.advantages import episode_advantages
 from trl_env.train.async_grpo import TrlEnvRolloutWorker
 from trl_env.train.credit import EpisodeCredit, credit_estimator, estimate, token_advantages
-from trl_env.train.trl_output import to_trl_rows
+from trl_env.train.trl_output import to_trl_rows, training_rows
 
 
 def turn(model, env, reward, anchor):
@@ -136,3 +136,21 @@ def test_sync_and_async_train_the_same_tokens_with_the_same_advantages(tokenizer
     assert (3 in episodes) is not mask_truncated  # the truncated one: trained unless mask_truncated, in both
     distinct = len({v for (e, _, _), v in sync.items() if e == 0})  # episode 0's 3 turns
     assert distinct == 1 if credit in ("episode", "per_role") else distinct > 1
+
+
+def test_training_rows_is_the_one_rule_both_trainers_read():
+    """training_rows: a failed episode, and with mask_truncated a truncated one, trains no token; every other row
+    trains its model tokens (env_mask), each with its turn's advantage; to_trl_rows is its dict."""
+    rollouts = group()
+    per_turn = [[1.0, 2.0, 3.0], [4.0, 5.0], None, [6.0, 7.0], [8.0, 9.0], [10.0]]
+    for mask_truncated in (False, True):
+        rows = training_rows(rollouts, per_turn, mask_truncated=mask_truncated)
+        assert [t.episode for t in rows] == [0, 1, 2, 3, 4, 5]
+        output, episode_of_row = to_trl_rows(rollouts, mask_truncated=mask_truncated)
+        assert output["env_mask"] == [t.trained for t in rows] and episode_of_row == [0, 1, 2, 3, 4, 5]
+        for t in rows:
+            masked = t.episode == 2 or (mask_truncated and t.episode == 3)
+            assert t.trained == ([0] * len(t.row.env_mask) if masked else t.row.env_mask)
+            assert t.advantages == token_advantages(rollouts[t.episode], per_turn[t.episode])[0]
+    first = training_rows(rollouts, per_turn)[0]
+    assert [a for a, m in zip(first.advantages, first.trained, strict=True) if m] == [1.0, 1.0, 2.0, 3.0, 3.0]

@@ -39,6 +39,7 @@ from trl_env.train.async_grpo.samples import (
 from trl_env.train.credit import CreditEstimator, EpisodeCredit, estimate
 from trl_env.train.episodes import run_episodes
 from trl_env.train.options import RolloutOptions
+from trl_env.train.trl_output import masked_episode, training_rows
 
 if TYPE_CHECKING:
     from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
@@ -186,9 +187,15 @@ def score_group(
         credits = [EpisodeCredit.from_rollout(r) for r in rollouts]
         per_turn = estimate(worker.estimator, credits)
         credit = group_credit_metrics(credits, per_turn)
+    if worker.estimator is None:  # credit="episode": the episode's advantage on every turn
+        pairs = zip(rollouts, advantages, strict=True)
+        per_turn = [None if a is None or not r.turns else [a] * len(r.turns) for r, a in pairs]
+    else:  # an unscored episode's turns get 0
+        per_turn = [None if a is None else t for t, a in zip(per_turn, advantages, strict=True)]
+    train = training_rows(rollouts, per_turn, mask_truncated=worker.mask_truncated)  # every trainer's rows
     samples, untrainable, unscored, dropped_unscored, masked = [], 0, 0, 0, 0
-    for r, f, adv, reward, version, turns_adv in zip(rollouts, failed, advantages, rewards, versions, per_turn,
-                                                      strict=True):  # fmt: skip
+    episodes = zip(rollouts, failed, advantages, rewards, versions, strict=True)
+    for e, (r, f, adv, reward, version) in enumerate(episodes):
         if f:
             continue
         if adv is None:
@@ -196,16 +203,13 @@ def score_group(
             if worker.unscored == "drop":
                 dropped_unscored += 1
                 continue
-        if worker.mask_truncated and r.truncated:
+        if masked_episode(r, worker.mask_truncated):
             masked += 1
             continue
+        rows_of = [t for t in train if t.episode == e]
         row_versions = functools.partial(_versions, worker, fallback=fallback, newest=newest)
-        if worker.estimator is None:
-            rows = episode_samples(r, 0.0 if adv is None else adv, reward, reward_std, version, group_id,
-                                   row_versions)  # fmt: skip
-        else:
-            turns_adv = [0.0] * len(r.turns) if adv is None or turns_adv is None else turns_adv
-            rows = turn_samples(r, turns_adv, reward, reward_std, version, group_id, row_versions)
+        make = episode_samples if worker.estimator is None else turn_samples
+        rows = make(r, rows_of, reward, reward_std, version, group_id, row_versions)
         if not rows:
             untrainable += 1
             continue

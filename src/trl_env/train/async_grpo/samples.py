@@ -22,6 +22,7 @@ from trl_env.train.advantages import ScaleRewards, group_advantages
 from trl_env.train.credit import EpisodeCredit, credit_metrics
 from trl_env.train.metrics import log_metrics
 from trl_env.train.trl_internals import rollout_sample_type
+from trl_env.train.trl_output import TrainingRow
 
 if TYPE_CHECKING:
     from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
@@ -70,29 +71,26 @@ RowVersions = Callable[[Sequence[Turn]], tuple[int, int] | None]
 
 def episode_samples(
     r: Rollout,
-    advantage: float,
+    rows: Sequence[TrainingRow],
     reward: float | None,
     reward_std: float,
     version: tuple[int, int] | None,
     group_id: int,
     row_versions: RowVersions,
 ) -> list[RolloutSample]:
-    """The episode's rows (``Rollout.rows``: one with ``history="sampled"``), each with the episode's advantage.
+    """The episode's rows (``training_rows``: one with ``history="sampled"``), each a sample with its advantage.
 
-    Empty when a row must not reach the trainer; then the episode is untrainable as a whole (its rows are
-    trained together or not at all). A row's ``model_version`` is the oldest among its own turns.
+    With ``credit="episode"`` every token of the episode has the same advantage, which the sample carries. Empty
+    when a row must not reach the trainer; then the episode is untrainable as a whole (its rows are trained together
+    or not at all). A row's ``model_version`` is the oldest among its own turns.
     """
     if version is None or r.info.get("placeholder"):
         return []
-    rows = r.rows
-    if len(rows) == 1:  # the episode's own lists and versions (history="sampled", or a merged deployed episode)
-        sample = row_sample(rows[0], r.turns, advantage, reward, reward_std, version, group_id, r.seed)
-        return [] if sample is None else [sample]
     samples = []
-    for row, spans in r.spans():
-        turns = [r.turns[span.turn] for span in spans]
-        row_version = row_versions(turns) or version
-        sample = row_sample(row, turns, advantage, reward, reward_std, row_version, group_id, r.seed)
+    for t in rows:
+        row_version = version if len(rows) == 1 else (row_versions(t.turns) or version)
+        advantage = next((a for a, m in zip(t.advantages, t.trained, strict=True) if m), 0.0)
+        sample = row_sample(t.row, t.turns, advantage, reward, reward_std, row_version, group_id, r.seed)
         if sample is None:
             return []
         samples.append(sample)
@@ -149,47 +147,46 @@ def _trainable(row: Row) -> bool:
 
 def turn_samples(
     r: Rollout,
-    advantages: Sequence[float],
+    rows: Sequence[TrainingRow],
     reward: float | None,
     reward_std: float,
     version: tuple[int, int] | None,
     group_id: int,
     row_versions: RowVersions,
 ) -> list[RolloutSample]:
-    """One sample per model turn of each of the episode's rows, each with its turn's advantage (``credit=``).
+    """One sample per model turn of each of the episode's rows (``training_rows``), with its turn's advantage.
 
-    Turn k of a row is ``prompt_ids + completion_ids[:e]``, ``e`` the end of its model tokens, trained (mask 1, the
-    sampler's logprobs; 0 elsewhere) on those tokens only: every model token is trained exactly once, and a row's
-    samples share its prefix, which TRL's trie packing forwards once when they land in one micro-batch. Each
-    sample of a row has the row's ``model_version`` (the oldest among its turns), so the staleness checks keep or
-    drop a row whole. The episode's ``reward``, ``reward_std`` and ``env/turns`` ride on its last sample only (the
-    trainer averages them over samples). Empty, the episode untrainable, where ``episode_samples`` would be.
-
-    Raises:
-        ConfigError: when the turns' token counts do not add up to a row's completion (``Rollout.spans``).
+    TRL's async sample holds one advantage, so where the sync trainer gives each token its turn's advantage in one
+    row, turn k of a row is a sample of its own: ``prompt_ids + completion_ids[:e]``, ``e`` the end of its model
+    tokens, trained (mask 1, the sampler's logprobs; 0 elsewhere) on those tokens only, with the advantage those
+    tokens have in the row. Every model token is trained exactly once, with the same advantage as in the sync
+    trainer (``tests/test_one_contract.py``), and a row's samples share its prefix, which TRL's trie packing
+    forwards once when they land in one micro-batch. Each sample of a row has the row's ``model_version`` (the
+    oldest among its turns), so the staleness checks keep or drop a row whole. The episode's ``reward``,
+    ``reward_std`` and ``env/turns`` ride on its last sample only (the trainer averages them over samples). Empty,
+    the episode untrainable, where ``episode_samples`` would be.
     """
     if version is None or r.info.get("placeholder"):
         return []
-    rows = r.spans()
     samples = []
-    for row, spans in rows:
-        turns = [r.turns[span.turn] for span in spans]
-        row_version = version if len(rows) == 1 else (row_versions(turns) or version)
+    for t in rows:
+        row = t.row
+        row_version = version if len(rows) == 1 else (row_versions(t.turns) or version)
         if not _trainable(row):
             return []
         before = [0] * len(row.prompt_ids)
         shown: list[dict[str, str]] = []
-        for span, turn in zip(spans, turns, strict=True):
+        for span, turn in zip(t.spans, t.turns, strict=True):
             start, end = span.model.start, span.model.stop
             shown.append({"role": "assistant", "content": turn.text})
-            if any(row.env_mask[start:end]):  # a turn of no token has nothing to train
+            if any(t.trained[start:end]):  # a turn of no token has nothing to train
                 samples.append(_rollout_sample()(
                     prompt=[{"role": "user", "content": str(r.seed)}],
                     completion=list(shown),
                     input_ids=np.asarray(row.prompt_ids + row.completion_ids[:end], dtype=np.int64),
-                    completion_mask=np.asarray(before + [0] * start + row.env_mask[start:end], dtype=np.int64),
+                    completion_mask=np.asarray(before + [0] * start + t.trained[start:end], dtype=np.int64),
                     old_log_probs=np.asarray(before + [0] * start + row.logprobs[start:end], dtype=np.float32),
-                    advantage=float(advantages[span.turn]),
+                    advantage=float(t.advantages[start]),
                     model_version=row_version[0],
                     group_id=group_id,
                     metrics={},
