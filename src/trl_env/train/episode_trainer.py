@@ -174,7 +174,8 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
         credit = func.credit if isinstance(func, RolloutFunction) else "episode"  # not one: refused at the first step
         if isinstance(func, RolloutFunction):  # what would fail every episode is refused now, not after a step
             context = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
-            func.check_config(self.processing_class, self.args.max_completion_length, context)
+            config: Any = self.args  # a GRPOConfig
+            func.check_config(self.processing_class, config.max_completion_length, context)
         self._row_steps: list[MicroStep] | None = None
         self._max_micro_batch_tokens = max_micro_batch_tokens
         self._bounded_rows = isinstance(func, RolloutFunction) and func.options.engine.history is not History.SAMPLED
