@@ -171,16 +171,15 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
         super().__init__(*args, **kwargs)
         self._packing = packing_enabled(self.model, packing)  # trl_env.train.packing: prefix-shared forwards
         func = self.rollout_func
+        config: Any = self.args  # a GRPOConfig
         credit = func.credit if isinstance(func, RolloutFunction) else "episode"  # not one: refused at the first step
         if isinstance(func, RolloutFunction):  # what would fail every episode is refused now, not after a step
             context = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
-            config: Any = self.args  # a GRPOConfig
             func.check_config(self.processing_class, config.max_completion_length, context)
         self._row_steps: list[MicroStep] | None = None
         self._max_micro_batch_tokens = max_micro_batch_tokens
         self._bounded_rows = isinstance(func, RolloutFunction) and func.options.engine.history is not History.SAMPLED
         if self._bounded_rows:
-            config: Any = self.args  # a GRPOConfig
             check_micro_batches(config.steps_per_generation, config.gradient_accumulation_steps,
                                 max_micro_batch_tokens, loss_extras(self))  # fmt: skip
         if credit != "episode":
