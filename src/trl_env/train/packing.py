@@ -222,7 +222,12 @@ def pack_rows(
             subtree_end[parent_slot[slot]] = max(subtree_end[parent_slot[slot]], subtree_end[slot])
         components.append(order)
         ends.append(subtree_end)
-    bins, seq_width = _bin_components([len(c) for c in components], pair_weight)
+    sizes = [len(c) for c in components]
+    if all(e == len(c) for c, end in zip(components, ends, strict=True) for e in end):
+        # nothing shared: one chain per sequence, the model's own causal kernel (a dense mask would cost more)
+        bins, seq_width = [[k] for k in range(len(components))], max(sizes, default=1)
+    else:
+        bins, seq_width = _bin_components(sizes, pair_weight)
     loads = [sum(len(components[k]) for k in members) for members in bins]
     sequences = len(bins)
     packed_ids = torch.full((sequences, seq_width), pad_id, dtype=torch.long)

@@ -1,0 +1,153 @@
+"""Packed (prefix-shared, padding-free) vs padded forward + backward of TRL's per-token logprobs, side by side.
+
+Each case runs in a fresh process (so peak RSS is its own): TRL's padded forward of the rows (prompts left-padded,
+completions right-padded, the fused LM head as GRPOTrainer calls it) or trl_env.train.packing's packed one, then a
+backward of the logprobs' sum, in micro-batches of ``--rows`` rows; the step wall is the median of ``--repeats``.
+
+Workloads (tiny Qwen2 model, float32, CPU):
+  (a) groups:   4 prompts x 8 completions of 64 tokens; every prompt a shared 512-token system prompt + a 32-token task.
+  (b) deployed: history="deployed" rows of 8-turn conversations under Qwen 3's official (thinking) template, which
+                drops earlier reasoning, so each turn is a row whose prompt extends the conversation; 8 episodes.
+  (c) nothing:  32 rows sharing no token (random prompts of 64-160 tokens, completions of 16-96).
+
+Run: ``flock /tmp/trl_env_heavy.lock python benchmarks/bench_packing.py``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+WORKLOADS = ("groups", "deployed", "nothing")
+
+
+def rows_of(workload: str, tok: object, vocab: int) -> list[tuple[list[int], list[int]]]:
+    g = torch.Generator().manual_seed(0)
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(10, vocab, (n,), generator=g).tolist()
+
+    if workload == "groups":
+        system = ids(512)
+        return [(p, ids(64)) for p in (system + ids(32) for _ in range(4)) for _ in range(8)]
+    if workload == "nothing":
+        return [(ids(64 + 3 * i), ids(16 + (37 * i) % 80)) for i in range(32)]
+    from trl_env.testing.templates import trl_templates
+
+    tok.chat_template = trl_templates()["qwen3"]  # type: ignore[attr-defined]
+    rows = []
+    for episode in range(8):
+        messages = [{"role": "system", "content": "You are playing a word game; answer with one word. " * 6}]
+        for turn in range(8):
+            messages.append({"role": "user", "content": f"Game {episode}, turn {turn}: the board says {turn * 7}."})
+            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)  # type: ignore[attr-defined]
+            prompt = tok(text, add_special_tokens=False)["input_ids"]  # type: ignore[operator]
+            answer = f"word{episode}{turn}"
+            reply = f"<think>\nThe board says {turn * 7}; I pick {answer}.\n</think>\n\n{answer}"
+            rows.append((prompt, tok(reply, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]))  # type: ignore[operator,attr-defined]
+            messages.append({"role": "assistant", "content": answer})
+    return rows
+
+
+def padded(rows: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    width_p = max(len(p) for p, _ in rows)
+    width_c = max(len(c) for _, c in rows)
+    ids = torch.full((len(rows), width_p + width_c), pad_id)
+    mask = torch.zeros_like(ids)
+    for i, (p, c) in enumerate(rows):
+        ids[i, width_p - len(p) : width_p] = torch.tensor(p)
+        ids[i, width_p : width_p + len(c)] = torch.tensor(c)
+        mask[i, width_p - len(p) : width_p + len(c)] = 1
+    return ids, mask, width_c
+
+
+def case(workload: str, mode: str, rows_per_batch: int, repeats: int) -> dict[str, float]:
+    """One workload in one mode, in this process: forwarded positions, unique tokens, step wall, peak RSS."""
+    from trl.trainer.utils import add_fused_lm_head
+
+    from trl_env.testing import build_tiny_model, build_tiny_tokenizer
+    from trl_env.train.packing import pack_rows, packed_logps, pair_weight_of
+
+    torch.manual_seed(0)
+    tok = build_tiny_tokenizer()
+    model = build_tiny_model(tok).train()
+    model.config._attn_implementation = "sdpa"
+    add_fused_lm_head(model, outputs=("log_probs", "entropy"))
+    rows = rows_of(workload, tok, model.config.vocab_size)
+    batches = [padded(rows[i : i + rows_per_batch], tok.pad_token_id) for i in range(0, len(rows), rows_per_batch)]
+    weight = pair_weight_of(model)
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    walls, positions, unique = [], 0, 0
+    for _ in range(repeats):
+        start = time.perf_counter()
+        positions = unique = 0
+        for ids, mask, keep in batches:
+            if mode == "padded":
+                labels = ids.masked_fill(mask == 0, -100)
+                labels[:, :-keep] = -100
+                out = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
+                logps = out.log_probs[:, -keep:]
+                positions += ids.numel()
+                unique += int(mask.sum())
+            else:
+                packed = pack_rows(ids, mask, keep, tok.pad_token_id, pair_weight=weight)
+                assert packed is not None
+                logps, _ = packed_logps(model, packed, compute_entropy=True)
+                positions += packed.stats.forwarded_positions
+                unique += packed.stats.unique_tokens
+            logps.sum().backward()
+        walls.append(time.perf_counter() - start)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {
+        "rows": len(rows),
+        "row_tokens": sum(len(p) + len(c) for p, c in rows),
+        "positions": positions,
+        "unique": unique,
+        "wall_s": statistics.median(walls[1:] if len(walls) > 2 else walls),
+        "peak_rss_mib": peak / 1024,
+        "rss_growth_mib": (peak - base) / 1024,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=8, help="rows per micro-batch (TRL's per_device batch)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
+    parser.add_argument("--case", nargs=2, help=argparse.SUPPRESS)  # internal: run one case, print JSON
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    if args.case:
+        print(json.dumps(case(args.case[0], args.case[1], args.rows, args.repeats)))
+        return
+    print(f"torch {torch.__version__}, 1 thread, tiny Qwen2 (2 layers, hidden 128), float32, {args.rows} rows/forward")
+    header = (
+        f"{'workload':<9} {'rows':>4} {'row tok':>8} {'unique':>7} {'padded pos':>10} {'packed pos':>10} "
+        f"{'pos/unique':>10} {'ratio':>6} {'padded s':>9} {'packed s':>9} {'speed-up':>8} "
+        f"{'RSS+ pad MiB':>12} {'RSS+ pack MiB':>13}"
+    )
+    print(header)
+    for workload in args.workloads:
+        out = {}
+        for mode in ("padded", "packed"):
+            command = [sys.executable, __file__, "--case", workload, mode, "--rows", str(args.rows)]
+            command += ["--repeats", str(args.repeats)]
+            out[mode] = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
+        pad, pack = out["padded"], out["packed"]
+        print(
+            f"{workload:<9} {pad['rows']:>4} {pad['row_tokens']:>8} {pack['unique']:>7} {pad['positions']:>10} "
+            f"{pack['positions']:>10} {pack['positions'] / pack['unique']:>10.3f} "
+            f"{pad['row_tokens'] / pack['unique']:>6.2f} {pad['wall_s']:>9.3f} {pack['wall_s']:>9.3f} "
+            f"{pad['wall_s'] / pack['wall_s']:>7.2f}x {pad['rss_growth_mib']:>12.1f} {pack['rss_growth_mib']:>13.1f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
