@@ -154,3 +154,66 @@ def test_training_rows_is_the_one_rule_both_trainers_read():
             assert t.advantages == token_advantages(rollouts[t.episode], per_turn[t.episode])[0]
     first = training_rows(rollouts, per_turn)[0]
     assert [a for a, m in zip(first.advantages, first.trained, strict=True) if m] == [1.0, 1.0, 2.0, 3.0, 3.0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("credit", ["episode", "discounted"])
+def test_a_real_episode_trainer_step_and_the_worker_train_the_same_tokens(tmp_path, model, tokenizer, credit):
+    """End to end: the batch a real EpisodeGRPOTrainer step hands TRL's loss, and the samples the async worker makes
+    of the same rollouts (failed episodes among them, every other one truncated at max_turns): the same trained
+    tokens, each with the same advantage."""
+    from datasets import Dataset
+    from history_support import FlakyTalkEnv, ReplyGenerator
+    from trl import GRPOConfig
+
+    from trl_env import env_reward, make_rollout_func
+    from trl_env.train.episode_trainer import EpisodeGRPOTrainer
+
+    class Recording(EpisodeGRPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            self.recorded.append(super()._generate_and_score_completions(inputs))
+            return self.recorded[-1]
+
+    processor = ChatMLProcessor()
+    gen = ReplyGenerator(tokenizer, processor, reasoning=lambda k: False)
+    func = make_rollout_func(FlakyTalkEnv, processor, generator=gen, max_turns=2, env_workers=1, credit=credit)
+    seen = []
+    rollouts_of = func.rollouts
+    func.rollouts = lambda prompts, trainer: seen.append(rollouts_of(prompts, trainer)) or seen[-1]
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_steps=1,
+        max_completion_length=128,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+    )
+    FlakyTalkEnv.count = 0
+    trainer = Recording(
+        model=model,
+        reward_funcs=env_reward,
+        args=args,
+        processing_class=tokenizer,
+        train_dataset=Dataset.from_dict({"prompt": ["1", "2"] * 4}),
+        rollout_func=func,
+    )
+    trainer.recorded = []
+    trainer.train()
+    (rollouts,), batch = seen, trainer.recorded[0]
+    assert any(r.ending is Ending.ERROR for r in rollouts) and any(r.truncated for r in rollouts)
+    sync = {}
+    trained = batch["completion_mask"] * batch["tool_mask"]
+    for i in range(len(rollouts)):  # one row per episode (history="sampled")
+        values = batch["advantages"][i]
+        for j in trained[i].nonzero().flatten().tolist():
+            sync[(i, 0, j)] = float(values if values.ndim == 0 else values[j])
+    pushed = {}
+    for g in range(0, len(rollouts), 4):
+        got = async_tokens(tokenizer, rollouts[g : g + 4], credit, False)
+        pushed.update({(g + e, k, j): v for (e, k, j), v in got.items()})
+    assert set(sync) == set(pushed) and any(v != 0 for v in sync.values())
+    assert all(sync[k] == pytest.approx(pushed[k], rel=1e-5, abs=1e-6) for k in sync)
