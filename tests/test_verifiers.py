@@ -241,3 +241,22 @@ def test_multi_turn_env_through_the_gateway_rows_token_exact_and_rewards_the_rub
 def _less_end(text: str, ends: tuple[str, ...]) -> str:
     """``text`` without the one end-of-turn string it ends with, if any."""
     return next((text[: -len(end)] for end in ends if end and text.endswith(end)), text)
+
+
+# ---------------------------------------------------------------------------------------- the docs' offline example
+
+
+def test_the_docs_offline_example_trains_as_written(vf_python, monkeypatch):
+    import re
+
+    page = (TESTS.parent / "docs" / "verifiers.md").read_text()
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", page, re.S) if "openenv_echo" in b]
+    monkeypatch.chdir(TESTS.parent)  # the block runs from the repository's root, as the page says
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the block puts experiment/examples on it
+    namespace: dict = {}
+    exec(compile(block, "docs/verifiers.md", "exec"), namespace)  # python=".venv-verifiers/bin/python", relative
+    trainer = namespace["trainer"]
+    assert trainer.state.global_step == 2
+    steps = [logs for logs in trainer.state.log_history if "env/ending_error_rate" in logs]
+    assert steps and all(logs["env/ending_error_rate"] == 0 for logs in steps), steps  # every episode scored
+    assert namespace["program"].tasks == 4

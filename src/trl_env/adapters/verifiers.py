@@ -103,8 +103,13 @@ class VerifiersProgram:
         self.run_config = {"env": dict(env), "sampling": dict(sampling or {})}
         self.episodes = Path(episodes) if episodes is not None else None
         self.start_timeout_s = start_timeout_s
-        if shutil.which(self.python) is None:
+        found_python = shutil.which(self.python)
+        if found_python is None:
             raise ConfigError(f"python={self.python!r} is not an interpreter here: {INSTALL_HINT}")
+        # absolute (symlinks kept: a venv's python is one): its folder goes on PATH for `uv`, and verifiers runs
+        # harness programs in other folders, where a relative .venv-verifiers/bin finds no uv (verifiers then tries
+        # to download it)
+        self.python = os.path.abspath(found_python)
         found = subprocess.run(
             [self.python, "-c", "import importlib.util as u, sys; sys.exit(not u.find_spec('verifiers'))"]
         )
