@@ -9,6 +9,11 @@ gateway's own code, the engine's rendering), as a share of the agent programs' t
 ``--sdk-floor``: the openai SDK's own CPU per ``create`` (and per ``openai.OpenAI()``) against an ``httpx.MockTransport``
 that answers at once, by conversation length: what any server's agent path costs on the program's side.
 
+``--dialects``: per dialect (chat, Responses, Messages), the CPU of the gateway's own parse and answer of a call, and
+of the SDK's ``create`` (and a ``model_dump`` of what it returns) against a transport that answers at once, with the
+4-turn task's 7 messages: where a dialect's trainer CPU per call (``bench_agents --scripted --paths env agent
+agent-responses agent-messages``) goes.
+
 ``--decode``: the CPU of decoding a 16-token reply once, against decoding each of its tokens on its own (what every
 agent call did before ``Reply.tokens`` was decoded only for a call that asks for ``logprobs``).
 """
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import time
 from typing import Any
 
@@ -94,6 +100,100 @@ def sdk_floor(calls: int = 300) -> str:
     return "\n".join(lines)
 
 
+def dialect_floor(calls: int = 300) -> str:
+    """CPU per call of each dialect's gateway side (``parse``, ``answer``) and SDK side (``create`` + ``model_dump``)."""
+    import importlib
+    import json
+
+    import anthropic
+    import httpx
+    import openai
+
+    from trl_env.agents.dialects import DIALECTS
+    from trl_env.render.chat import Reply
+
+    text = " ".join(["word"] * 16)
+    reply = Reply(
+        text,
+        {"role": "assistant", "content": text},
+        reasoning_field=None,
+        finish_reason="length",
+        token_ids=tuple(range(16)),
+        logprobs=(-0.5,) * 16,
+        tokens=(),
+        prompt_tokens=50,
+    )
+    chat: list[Any] = [{"role": "user", "content": "Episode 0. Say anything; this game lasts 4 turns."}]
+    for turn in range(1, 4):
+        chat += [{"role": "assistant", "content": text}, {"role": "user", "content": f"Turn {turn} noted. Next."}]
+    said = {
+        "type": "message",
+        "role": "assistant",
+        "id": "msg_0",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
+    bodies: dict[str, dict[str, Any]] = {
+        "chat": {"model": "m", "messages": chat},
+        "responses": {"model": "m", "input": [said if m["role"] == "assistant" else m for m in chat]},
+        "messages": {
+            "model": "m",
+            "max_tokens": 4096,
+            "messages": [
+                {"role": "assistant", "content": [{"type": "text", "text": text}]} if m["role"] == "assistant" else m
+                for m in chat
+            ],
+        },
+    }
+
+    def cost(once: Any) -> float:
+        for _ in range(30):
+            once()
+        t0 = time.process_time()
+        for _ in range(calls):
+            once()
+        return (time.process_time() - t0) / calls * 1e3
+
+    ids = itertools.count()  # the answers' tool-call ids, as a session counts them
+    lines = ["| dialect | gateway parse ms | gateway answer ms | SDK create + model_dump ms |", "|---|---|---|---|"]
+    for name, body in bodies.items():
+        dialect, raw = DIALECTS[name], json.dumps(body).encode()
+        call = dialect.parse(raw, {})
+        answer = dialect.answer(reply, call, model="m", call_ids=iter(["call_0"]), memory={})
+        gateway = (
+            cost(lambda d=dialect, r=raw: d.parse(r, {})),
+            cost(
+                lambda d=dialect, c=call: d.answer(reply, c, model="m", call_ids=(f"call_{k}" for k in ids), memory={})
+            ),
+        )
+        http: Any = httpx  # the Anthropic SDK's: the package its DefaultHttpxClient subclasses (httpx2 from 2.x)
+        if name == "messages":
+            http = importlib.import_module(anthropic.DefaultHttpxClient.__mro__[1].__module__.split(".")[0])
+        canned = http.MockTransport(
+            lambda r, a=answer, h=http: h.Response(200, content=a, headers={"content-type": "application/json"})
+        )
+        client: Any
+        if name == "messages":
+            client = anthropic.Anthropic(
+                base_url="http://x", api_key="k", max_retries=0, http_client=http.Client(transport=canned)
+            )
+            sdk = cost(
+                lambda c=client, b=body: [x.model_dump(exclude_none=True) for x in c.messages.create(**b).content]
+            )
+        else:
+            client = openai.OpenAI(
+                base_url="http://x/v1", api_key="k", max_retries=0, http_client=http.Client(transport=canned)
+            )
+            if name == "chat":
+                sdk = cost(lambda c=client, b=body: c.chat.completions.create(**b).choices[0].message.model_dump())
+            else:
+                sdk = cost(
+                    lambda c=client, b=body: [x.model_dump(exclude_none=True) for x in c.responses.create(**b).output]
+                )
+        lines.append(f"| {name} | {gateway[0]:.3f} | {gateway[1]:.3f} | {sdk:.2f} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--path", choices=["env", "agent", "agent-http"], default="agent")
@@ -101,7 +201,11 @@ def main() -> int:
     parser.add_argument("--out", default="/tmp/profile_agents.txt", help="the full profile (sorted by total time)")
     parser.add_argument("--decode", action="store_true", help="only a reply's decode cost, whole and per token")
     parser.add_argument("--sdk-floor", action="store_true", help="only the openai SDK's own CPU per call, no server")
+    parser.add_argument("--dialects", action="store_true", help="only each dialect's gateway and SDK CPU per call")
     args = parser.parse_args()
+    if args.dialects:
+        print(dialect_floor())
+        return 0
     if args.sdk_floor:
         print(sdk_floor())
         return 0
