@@ -57,8 +57,9 @@ class Stepped:
     reward: float
     alive: bool
     env_s: float
-    next_ids: list[int] | None
-    """The tokenised text after this turn; ``None`` when the episode ends here (env done or out of turns)."""
+    env_ids: list[int] | None
+    """``history="sampled"``: the env's answer tokenised, to append after this turn; ``None`` when the episode ends
+    here (env done or out of turns), and always under ``history="deployed"`` (see ``prompt_ids``)."""
     parse_status: str | None = None
     """How the family processor read the turn (a ``ParseStatus`` value); ``None`` for other processors."""
     env_info: dict[str, Any] | None = None
@@ -66,8 +67,11 @@ class Stepped:
     tool_calls: tuple[tuple[str, bool], ...] = ()
     """(tool name, succeeded) for each tool result the env answered with."""
     messages: Conversation | None = None
-    """With ``history="deployed"``: the conversation so far, and ``next_ids`` is the next turn's whole prompt (the
-    template's rendering of it), not the text to append."""
+    """With ``history="deployed"``: the conversation so far."""
+    prompt_ids: list[int] | None = None
+    """``history="deployed"``: the next turn's whole prompt (the template's rendering of ``messages``: the engine
+    appends what extends the row, or starts a row with it); ``None`` when the episode ends here, and always under
+    ``history="sampled"``."""
 
 
 @dataclass(frozen=True)
@@ -181,23 +185,23 @@ class Calls:
             )
         result = call("env_exception", env.step, parsed[1])
         checked = call("env_bad_return", check_result, result, env, method="step", env_index=index, turn=turn)
-        next_ids = None
+        env_ids, prompt_ids = None, None
         if messages is not None:
             assert self.deployed is not None
             reply = self.deployed.reply(text, _parsed_output(parsed, status))
             grown = [*messages.messages, reply, *self.deployed.answer(checked.delta)]
             if checked.alive and turn < self.max_turns:
                 messages = self.deployed.extend(messages, grown)
-                next_ids = messages.ids
+                prompt_ids = messages.ids
             else:
                 messages = Conversation(grown)
         elif checked.alive and turn < self.max_turns:
             lead = "" if sampled.finish_reason is FinishReason.STOP else self.closer
             if isinstance(checked.delta, ToolResults) and isinstance(self.processor, ToolProcessor):
                 pieces = call("processor_error", self.processor.append_segments, checked.delta)
-                next_ids = self.text.segments(pieces, lead=lead)
+                env_ids = self.text.segments(pieces, lead=lead)
             else:
-                next_ids = self.text.render(self.processor.append_user_input, checked.delta, lead=lead)
+                env_ids = self.text.render(self.processor.append_user_input, checked.delta, lead=lead)
         results = checked.delta.results if isinstance(checked.delta, ToolResults) else ()
         return Stepped(
             env=checked.env,
@@ -211,8 +215,9 @@ class Calls:
             reward=checked.reward,
             alive=checked.alive,
             env_s=time.perf_counter() - started,
-            next_ids=next_ids,
+            env_ids=env_ids,
             messages=messages,
+            prompt_ids=prompt_ids,
         )
 
     def _chat(self, previous: Conversation | None, request: ChatRequest) -> Conversation:
@@ -252,13 +257,13 @@ class Calls:
         result = call("env_exception", env.step, reply)
         checked = call("env_bad_return", check_result, result, env, method="step", env_index=index, turn=turn)
         going = checked.alive and turn < self.max_turns
-        next_ids, grown = None, messages
+        prompt_ids, grown = None, messages
         if isinstance(checked.delta, ChatRequest):
             grown = self._chat(messages, checked.delta) if going else Conversation(list(checked.delta.messages))
-            next_ids = grown.ids if going else None
+            prompt_ids = grown.ids if going else None
         elif going:
             grown = history.extend(messages, [*messages.messages, reply.message, *history.answer(checked.delta)])
-            grown, next_ids = dataclasses.replace(grown, tools=messages.tools, chat=True), grown.ids
+            grown, prompt_ids = dataclasses.replace(grown, tools=messages.tools, chat=True), grown.ids
         return Stepped(
             env=checked.env,
             text=text,
@@ -270,8 +275,9 @@ class Calls:
             reward=checked.reward,
             alive=checked.alive,
             env_s=time.perf_counter() - started,
-            next_ids=next_ids,
+            env_ids=None,
             messages=grown,
+            prompt_ids=prompt_ids,
         )
 
     @staticmethod

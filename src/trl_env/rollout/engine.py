@@ -327,13 +327,13 @@ class _Engine:
         ep.env, ep.reward = stepped.env, stepped.reward
         if stepped.env_info is not None:
             ep.info["env"] = stepped.env_info
-        env_ids = stepped.next_ids
-        if stepped.messages is not None:
-            ep.messages = stepped.messages
-            if env_ids is not None:
+        env_ids = stepped.env_ids
+        if stepped.messages is not None:  # history="deployed": the next prompt extends the row, or starts one
+            ep.messages, prompt = stepped.messages, stepped.prompt_ids
+            if prompt is not None:
                 if not stepped.messages.extends(ep.prompt_ids, ep.completion_ids):
-                    return self._new_row(ep, stepped, env_ids)  # the template rewrote the history: a new row
-                env_ids = env_ids[len(ep.prompt_ids) + len(ep.completion_ids) :]
+                    return self._new_row(ep, stepped, prompt)  # the template rewrote the history: a new row
+                env_ids = prompt[len(ep.prompt_ids) + len(ep.completion_ids) :]
         if env_ids is not None and ep.room(self.budgets, extra=len(env_ids)) < 1:
             ep.info["delta_too_long"] = len(env_ids)  # appending it would overshoot: stop before it
             ep.append_env(stepped, [])
