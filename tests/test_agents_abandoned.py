@@ -16,6 +16,8 @@ from trl_env.render.processors import from_tokenizer
 from trl_env.rollout import Ending, batch_rollout
 from trl_env.testing.tokenizers import load_tokenizer
 
+pytestmark = pytest.mark.slow  # each test runs agent programs through the gateway: seconds each
+
 QUESTION = "What is 40 + 2?"
 
 

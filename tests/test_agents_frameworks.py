@@ -130,6 +130,7 @@ FRAMEWORKS = {
 }
 
 
+@pytest.mark.slow  # agent programs through the gateway: seconds each
 @pytest.mark.parametrize("name", list(FRAMEWORKS))
 def test_a_framework_agent_with_a_tool_trains_token_exact(name):
     program, module, extra, rows = FRAMEWORKS[name]
