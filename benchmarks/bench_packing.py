@@ -73,7 +73,14 @@ def case(workload: str, mode: str, rows_per_batch: int, repeats: int) -> dict[st
     from trl.trainer.utils import add_fused_lm_head
 
     from trl_env.testing import build_tiny_model, build_tiny_tokenizer
-    from trl_env.train.packing import pack_rows, packed_logps, pair_weight_of
+    from trl_env.train.packing import (
+        pack_rows,
+        packed_logps,
+        packing_pays,
+        pair_weight_of,
+        row_token_lists,
+        unique_tokens,
+    )
 
     torch.manual_seed(0)
     tok = build_tiny_tokenizer()
@@ -89,7 +96,11 @@ def case(workload: str, mode: str, rows_per_batch: int, repeats: int) -> dict[st
         start = time.perf_counter()
         positions = unique = 0
         for ids, mask, keep in batches:
-            if mode == "padded":
+            pays = True
+            if mode == "packed":  # as trainer_packed_logps decides: the padded forward where the trie saves ~nothing
+                kept = [row for _, row in row_token_lists(ids, mask) or []]
+                pays = packing_pays(sum(len(row) for row in kept), unique_tokens(kept))
+            if mode == "padded" or not pays:
                 labels = ids.masked_fill(mask == 0, -100)
                 labels[:, :-keep] = -100
                 out = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)

@@ -245,3 +245,40 @@ def test_packed_step_trains_the_unpacked_steps_loss_and_gradient(tmp_path, model
     for name, p in reference.model.named_parameters():
         if p.grad is not None:
             torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+class StandIn:
+    """What trainer_packed_logps reads of a trainer: its tokenizer, accelerator (autocast) and metrics."""
+
+    def __init__(self, tokenizer):
+        import contextlib
+        from collections import defaultdict
+        from types import SimpleNamespace
+
+        self._tokenizer = tokenizer
+        self.accelerator = SimpleNamespace(autocast=contextlib.nullcontext)
+        self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
+
+
+def test_a_batch_whose_trie_saves_almost_nothing_takes_the_padded_forward(fused, tokenizer):
+    """Unique tokens >= PACK_BELOW x row tokens: the caller's padded forward (None), the ratio still logged."""
+    from trl_env.train.packing import PACK_BELOW, trainer_packed_logps
+
+    vocab = fused.config.vocab_size
+    g = torch.Generator().manual_seed(4)
+    nothing = [(random_ids(g, vocab, 9 + i), random_ids(g, vocab, 4 + i)) for i in range(6)]
+    nothing[1] = (nothing[0][0][:2] + nothing[1][0][2:], nothing[1][1])  # two rows share their first two tokens
+    ids, mask, keep = padded(nothing, tokenizer.pad_token_id)
+    row_tokens = int(mask.sum())
+    assert unique_tokens([p + c for p, c in nothing]) >= PACK_BELOW * row_tokens
+    trainer = StandIn(tokenizer)
+    fused.train()
+    assert trainer_packed_logps(trainer, fused, ids, mask, keep, batch_size=3) is None
+    logged = trainer._metrics["train"]
+    assert logged["packing/ratio"] == [pytest.approx(row_tokens / (row_tokens - 1))]
+    assert logged["packing/padding_fraction"] == [pytest.approx(1 - row_tokens / ids.numel())]
+
+    ids, mask, keep = padded(group_rows(vocab), tokenizer.pad_token_id)
+    logps, _ = trainer_packed_logps(trainer, fused, ids, mask, keep, batch_size=4)
+    torch.testing.assert_close(logps, unpacked(fused, ids, mask, keep)[0], rtol=0, atol=1e-5)
+    assert logged["packing/ratio"][-1] > 2.0

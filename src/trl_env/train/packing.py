@@ -31,6 +31,7 @@ import torch
 from trl_env.errors import ConfigError
 
 __all__ = [
+    "PACK_BELOW",
     "PackedRows",
     "PackingStats",
     "check_packable",
@@ -38,6 +39,7 @@ __all__ = [
     "packed_logps",
     "pair_weight_of",
     "packing_enabled",
+    "packing_pays",
     "trainer_packed_logps",
     "row_token_lists",
     "unique_tokens",
@@ -48,6 +50,9 @@ MASK_ATTENTION = ("sdpa", "eager")
 """Attention implementations that honour a custom 4D mask (flash-attention's ignores it)."""
 DEFAULT_PAIR_WEIGHT = 1e-3
 """``pack_rows``'s attention pair cost against a position's when the model's shape is unknown."""
+PACK_BELOW = 0.97
+"""A forward runs packed only when its unique tokens are below this share of its row tokens: a trie that saves
+(almost) nothing costs its build and layout for no fewer tokens, so those rows take the padded forward."""
 SINK_MODELS = frozenset({"gpt_oss"})
 """Model types with attention sinks (a learnt logit every query attends to), which the ancestor mask cannot express."""
 
@@ -166,6 +171,11 @@ def unique_tokens(rows: Sequence[Sequence[int]]) -> int:
                 count += 1
             children = children[key]
     return count
+
+
+def packing_pays(row_tokens: int, unique: int) -> bool:
+    """Whether packing rows of ``row_tokens`` tokens into ``unique`` trie nodes saves enough to run (``PACK_BELOW``)."""
+    return unique < PACK_BELOW * row_tokens
 
 
 def pack_rows(
@@ -408,11 +418,12 @@ def trainer_packed_logps(
 
     In chunks of ``batch_size`` rows as TRL's (each chunk one packed forward), under the trainer's autocast. A forward
     with gradients (the loss's) logs ``packing/ratio`` (row tokens / forwarded tokens) and
-    ``packing/padding_fraction`` (tail padding / forwarded positions) under the trainer's metrics. ``None`` when a
-    row's mask is not one contiguous run, or a row's first token is a completion token (nothing predicts it): the
-    caller then runs TRL's padded forward.
+    ``packing/padding_fraction`` (padding / forwarded positions) under the trainer's metrics. ``None`` when a
+    row's mask is not one contiguous run, a row's first token is a completion token (nothing predicts it), or the
+    rows' trie saves (almost) nothing (``packing_pays``; the ratio is still logged): the caller then runs TRL's padded
+    forward.
     """
-    from trl_env.train.trl_internals import metric_lists, tokenizer_of
+    from trl_env.train.trl_internals import tokenizer_of
 
     pad_id = tokenizer_of(trainer).pad_token_id
     pad_id = 0 if pad_id is None else int(pad_id)
@@ -421,12 +432,23 @@ def trainer_packed_logps(
     attention = str(getattr(getattr(model, "config", None), "_attn_implementation", "sdpa"))
     if logits_to_keep >= input_ids.size(1):
         return None
-    packs = []
+    chunks = []
     for start in range(0, input_ids.size(0), size):
         mask = attention_mask[start : start + size]
         if bool((mask[:, -logits_to_keep - 1] == 0).logical_and(mask[:, -logits_to_keep] == 1).any()):
             return None  # a row without a prompt: TRL's forward predicts its first token from padding
-        packed = pack_rows(input_ids[start : start + size], mask, logits_to_keep, pad_id, pair_weight=weight)
+        chunks.append((input_ids[start : start + size], mask))
+    rows = [row_token_lists(ids, mask) for ids, mask in chunks]
+    if any(r is None for r in rows):
+        return None
+    row_tokens = sum(len(row) for chunk in rows for _, row in chunk or [])
+    unique = sum(unique_tokens([row for _, row in chunk or []]) for chunk in rows)
+    if not packing_pays(row_tokens, unique):  # the trie saves (almost) nothing: TRL's padded forward
+        _log_packing(trainer, model, row_tokens, unique, positions=input_ids.numel(), tokens=row_tokens)
+        return None
+    packs = []
+    for ids, mask in chunks:
+        packed = pack_rows(ids, mask, logits_to_keep, pad_id, pair_weight=weight)
         if packed is None:
             return None
         packs.append(packed)
@@ -436,13 +458,22 @@ def trainer_packed_logps(
             values, entropy = packed_logps(model, packed, compute_entropy=compute_entropy, attention=attention)
         logps.append(values)
         entropies.append(entropy)
-    if torch.is_grad_enabled():
-        metrics = metric_lists(trainer)
-        if metrics is not None:
-            logged = metrics["train" if model.training else "eval"]
-            rows = sum(p.stats.row_tokens for p in packs)
-            unique = sum(p.stats.unique_tokens for p in packs)
-            positions = sum(p.stats.forwarded_positions for p in packs)
-            logged["packing/ratio"].append(rows / max(unique, 1))
-            logged["packing/padding_fraction"].append(1.0 - unique / max(positions, 1))
+    positions = sum(p.stats.forwarded_positions for p in packs)
+    _log_packing(trainer, model, row_tokens, unique, positions=positions, tokens=unique)
     return torch.cat(logps), torch.cat(entropies) if compute_entropy else None  # type: ignore[arg-type]
+
+
+def _log_packing(trainer: Any, model: Any, row_tokens: int, unique: int, *, positions: int, tokens: int) -> None:
+    """Log ``packing/ratio`` and ``packing/padding_fraction`` for a forward with gradients (the loss's).
+
+    The ratio is row tokens / unique tokens; the padding fraction the share of the forward's ``positions`` that hold
+    none of its ``tokens``.
+    """
+    from trl_env.train.trl_internals import metric_lists
+
+    metrics = metric_lists(trainer)
+    if not torch.is_grad_enabled() or metrics is None:
+        return
+    logged = metrics["train" if model.training else "eval"]
+    logged["packing/ratio"].append(row_tokens / max(unique, 1))
+    logged["packing/padding_fraction"].append(1.0 - tokens / max(positions, 1))
