@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
 import json
+import os
 from concurrent.futures import Future
+from typing import Any
+
+import pytest
 
 from trl_env import Generation
 from trl_env.agents import agent_env_factory
@@ -129,3 +134,51 @@ def model_spans(row):
             spans.append((start, i))
             start = None
     return spans
+
+
+def framework(module: str, extra: str) -> Any:
+    """Import ``module``; skip without it, except in CI (``TRL_ENV_REQUIRE_VLLM=1``), where a missing one fails."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        message = f"{module} is not installed: pip install -e '.[{extra}]' (scripts/install.sh installs it)"
+        if os.environ.get("TRL_ENV_REQUIRE_VLLM") == "1":  # CI: never skipped silently
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: the first number
+        b: the second number
+    """
+    return a + b
+
+
+def qwen3_script(k: int, prompt: str) -> str:
+    """Turn 0 thinks and calls add(40, 2); every later turn answers in text."""
+    if k == 0:
+        call = json.dumps({"name": "add", "arguments": {"a": 40, "b": 2}})
+        return f"<think>\nI should add.\n</think>\n\n<tool_call>\n{call}\n</tool_call><|im_end|>"
+    return "<think>\nDone.\n</think>\n\nThe answer is 42<|im_end|>"
+
+
+def assert_token_exact(rollouts, generator) -> int:
+    """Every sampled span of every row is the generator's answer for exactly that row's context; env tokens carry
+    logprob 0; every generator call is one trained span. Returns the number of spans checked."""
+    pairs = zip(generator.requests, generator.outputs, strict=True)
+    answered = {tuple(q): (list(out.token_ids), list(out.logprobs)) for q, out in pairs}
+    checked = 0
+    for rollout in rollouts:
+        for row in rollout.rows:
+            assert len(row.completion_ids) == len(row.logprobs) == len(row.env_mask)
+            for start, end in model_spans(row):
+                context = tuple(row.prompt_ids + row.completion_ids[:start])
+                assert context in answered, (rollout.seed, start)  # the rendering of what the program sent
+                assert answered[context] == (row.completion_ids[start:end], row.logprobs[start:end])
+                checked += 1
+            assert all(row.logprobs[i] == 0.0 for i, m in enumerate(row.env_mask) if not m)
+    assert checked == len(generator.requests) == sum(len(r.turns) for r in rollouts)
+    return checked

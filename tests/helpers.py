@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from pathlib import Path
 
+import trl
 from datasets import Dataset
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOConfig
 
 from trl_env import Generation, GenerationRequest, env_reward
 from trl_env.backends.base import FinishReason, resolved
@@ -240,7 +241,7 @@ def train_grpo(tmp_path, model, tokenizer, rollout_func, prompts, *, batch=8, ma
     args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=batch, num_generations=4,
                       max_completion_length=max_completion_length, max_steps=steps, logging_steps=1, report_to=[],
                       save_strategy="no", use_cpu=True, bf16=False, seed=0)  # fmt: skip
-    trainer = GRPOTrainer(model=model, reward_funcs=env_reward, args=args, processing_class=tokenizer,
+    trainer = trl.GRPOTrainer(model=model, reward_funcs=env_reward, args=args, processing_class=tokenizer,
                           train_dataset=Dataset.from_dict({"prompt": list(prompts)}),
                           rollout_func=rollout_func)  # fmt: skip
     trainer.train()

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import openai
 import pytest
-from agents_support import PromptReplyGenerator, rows_of
-from test_agents_frameworks import assert_token_exact, framework, qwen3_script
+from agents_support import PromptReplyGenerator, assert_token_exact, framework, qwen3_script, rows_of
 
 from trl_env.agents import Gateway, agent_env_factory
 from trl_env.render.processors import from_tokenizer

@@ -11,9 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_agents_frameworks import framework
-from test_agents_vllm import model_spans
-from test_async_grpo import Recorder
+from agents_support import framework, model_spans
+from async_support import Recorder
 
 from trl_env import VLLMServerGenerator, env_reward, make_rollout_func
 from trl_env.agents import agent_env_factory

@@ -84,8 +84,7 @@ def multiply_script(tokenizer):
 def test_the_dialect_examples_agent_calls_the_tool_and_trains_token_exact(name):
     import importlib
 
-    from agents_support import PromptReplyGenerator
-    from test_agents_frameworks import assert_token_exact
+    from agents_support import PromptReplyGenerator, assert_token_exact
 
     from trl_env import agent_env_factory, from_tokenizer
     from trl_env.rollout import batch_rollout
