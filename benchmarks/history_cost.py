@@ -1,7 +1,9 @@
 """Client time per episode of history="deployed" against "sampled", and against "deployed" as of a git revision.
 
 Offline, CPU: 8 episodes, one env worker, an instant sampler (each turn's ids precomputed, already resolved), the real
-Qwen 2.5 tokenizer and template (ChatML replies) and Qwen 3's (replies that reason: a thought and a digit). "before":
+Qwen 2.5 tokenizer and template (ChatML replies) and Qwen 3's (replies that reason: a thought and a digit), and Qwen 3
+with native tool calls (a ``ToolEnv`` with one tool; every reply thinks and makes one call, every answer is its
+result). "before":
 ``src/trl_env/render/history.py`` at ``--before`` (default 7b6fd20, before issue 32 item 4) loaded as a module and put in the engine's place.
 Client time = process CPU time of ``batch_rollout``, best of ``--repeat``. Run:
 ``python benchmarks/history_figures.py --cost 10 40 100 [--before REV] [--repeat 3]``.
@@ -30,8 +32,10 @@ import time
 from pathlib import Path
 
 from trl_env import FinishReason, Generation
+from trl_env.adapters.tool_env import ToolEnv
 from trl_env.backends.base import resolved
 from trl_env.render.processors import get_processor
+from trl_env.render.tools.processor import ToolProcessor
 from trl_env.rollout import Budgets, batch_rollout
 from trl_env.testing.tokenizers import load_tokenizer
 
@@ -68,6 +72,20 @@ class GuessEnv:
         )
 
 
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: the first number
+        b: the second number
+    """
+    return a + b
+
+
+def tool_env():
+    return ToolEnv([add])
+
+
 def history_before(rev: str):
     """``DeployedHistory`` as ``src/trl_env/render/history.py`` was at ``rev``, adapted to the engine's calls."""
     source = subprocess.run(["git", "show", f"{rev}:src/trl_env/render/history.py"], cwd=ROOT, check=True,
@@ -87,12 +105,12 @@ def history_before(rev: str):
     return Before
 
 
-def client_seconds(tokenizer, processor, reply: str, turns: int, history: str, repeat: int) -> float:
+def client_seconds(tokenizer, processor, reply: str, turns: int, history: str, repeat: int, env=GuessEnv) -> float:
     budgets = Budgets(max_turns=turns, max_new_tokens=256, max_completion_tokens=10**6)
     best = float("inf")
     for _ in range(repeat):
         started = time.process_time()
-        rollouts = batch_rollout([str(i) for i in range(EPISODES)], GuessEnv, processor, tokenizer,
+        rollouts = batch_rollout([str(i) for i in range(EPISODES)], env, processor, tokenizer,
                                  InstantSampler(tokenizer, reply), budgets=budgets, history=history,
                                  env_workers=1)  # fmt: skip
         best = min(best, time.process_time() - started)
@@ -100,7 +118,7 @@ def client_seconds(tokenizer, processor, reply: str, turns: int, history: str, r
     return best / EPISODES
 
 
-def opcodes(tokenizer, processor, reply: str, turns: int, history: str) -> float:
+def opcodes(tokenizer, processor, reply: str, turns: int, history: str, env=GuessEnv) -> float:
     """Python opcodes per episode of ``batch_rollout``, every thread (``sys.settrace``): what no load changes.
 
     The per-call work of C code (the tokenizer's Rust encode) is not counted: read it beside the times.
@@ -120,7 +138,7 @@ def opcodes(tokenizer, processor, reply: str, turns: int, history: str) -> float
     threading.settrace(trace)
     sys.settrace(trace)
     try:
-        batch_rollout([str(i) for i in range(EPISODES)], GuessEnv, processor, tokenizer,
+        batch_rollout([str(i) for i in range(EPISODES)], env, processor, tokenizer,
                       InstantSampler(tokenizer, reply), budgets=budgets, history=history, env_workers=1)  # fmt: skip
     finally:
         sys.settrace(None)
@@ -133,32 +151,42 @@ def count_opcodes(turns_list: list[int]) -> None:
     print(f"Python opcodes per episode ({EPISODES} episodes, 1 env worker, every thread; warm: a batch of each before)")
     print(f"{'template':28} {'turns':>5} {'sampled':>9} {'deployed':>9} {'ratio':>6}")
     for label, name, proc, reply in CASES:
-        tokenizer, processor = load_tokenizer(name), get_processor(proc)
-        text = reply + processor.stop_strings[0]
+        tokenizer, processor, env, text = setup(name, proc, reply)
         for warm in ("sampled", "deployed"):
-            client_seconds(tokenizer, processor, text, 2, warm, 1)
+            client_seconds(tokenizer, processor, text, 2, warm, 1, env)
         for turns in turns_list:
-            got = {h: opcodes(tokenizer, processor, text, turns, h) for h in ("sampled", "deployed")}
+            got = {h: opcodes(tokenizer, processor, text, turns, h, env) for h in ("sampled", "deployed")}
             print(f"{label:28} {turns:5d} {got['sampled']:9.0f} {got['deployed']:9.0f} "
                   f"{got['deployed'] / got['sampled']:5.2f}x", flush=True)  # fmt: skip
 
 
 CASES = (("Qwen 2.5 (ChatML)", "pypi:qwen2_5", "qwen2_5", "7"),
          ("Qwen 3, replies that reason", "pypi:qwen3", "qwen3",
-          "<think>\nThe middle of what is left is the next guess, so 7.\n</think>\n\n7"))  # fmt: skip
+          "<think>\nThe middle of what is left is the next guess, so 7.\n</think>\n\n7"),
+         ("Qwen 3, a tool call per turn", "pypi:qwen3", "qwen3+tools",
+          '<think>\nAdd them.\n</think>\n\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'))  # fmt: skip
+
+
+def setup(name: str, proc: str, reply: str):
+    """A case's tokenizer, processor, env factory and reply text (with the stop string that ends it)."""
+    tokenizer = load_tokenizer(name)
+    if proc.endswith("+tools"):
+        processor = ToolProcessor.from_tokenizer(tokenizer, [add], system_prompt="Use the tools.")
+        return tokenizer, processor, tool_env, reply + "<|im_end|>"
+    processor = get_processor(proc)
+    return tokenizer, processor, GuessEnv, reply + processor.stop_strings[0]
 
 
 def cell(case: int, turns: int, repeat: int) -> dict[str, float]:
     """Client seconds per episode of sampled and deployed, runs alternating, best of ``repeat`` each (in a child)."""
     _, name, proc, reply = CASES[case]
-    tokenizer, processor = load_tokenizer(name), get_processor(proc)
-    text = reply + processor.stop_strings[0]
+    tokenizer, processor, env, text = setup(name, proc, reply)
     for warm in ("sampled", "deployed"):
-        client_seconds(tokenizer, processor, text, 2, warm, 1)
+        client_seconds(tokenizer, processor, text, 2, warm, 1, env)
     best = {"sampled": float("inf"), "deployed": float("inf")}
     for _ in range(repeat):
         for history in best:
-            best[history] = min(best[history], client_seconds(tokenizer, processor, text, turns, history, 1))
+            best[history] = min(best[history], client_seconds(tokenizer, processor, text, turns, history, 1, env))
     return best
 
 
@@ -206,16 +234,15 @@ def main(argv: list[str]) -> None:
     print(f"client ms per episode ({EPISODES} episodes, 1 env worker); deployed before = {args.before}")
     print(f"{'template':28} {'turns':>5} {'sampled':>8} {'before':>8} {'now':>8} {'before/s':>8} {'now/s':>6}")
     for label, name, proc, reply in cases:
-        tokenizer, processor = load_tokenizer(name), get_processor(proc)
-        text = reply + processor.stop_strings[0]
+        tokenizer, processor, env, text = setup(name, proc, reply)
         for warm in ("sampled", "deployed"):  # the engine's tokenizer copy and the template's compilation, once
-            client_seconds(tokenizer, processor, text, 2, warm, 1)
+            client_seconds(tokenizer, processor, text, 2, warm, 1, env)
         for turns in args.turns:
-            sampled = client_seconds(tokenizer, processor, text, turns, "sampled", args.repeat)
-            new = client_seconds(tokenizer, processor, text, turns, "deployed", args.repeat)
+            sampled = client_seconds(tokenizer, processor, text, turns, "sampled", args.repeat, env)
+            new = client_seconds(tokenizer, processor, text, turns, "deployed", args.repeat, env)
             engine.DeployedHistory = before  # last: its whole renderings churn the heap the next runs allocate in
             try:
-                old = client_seconds(tokenizer, processor, text, turns, "deployed", args.repeat)
+                old = client_seconds(tokenizer, processor, text, turns, "deployed", args.repeat, env)
             finally:
                 engine.DeployedHistory = now
             print(f"{label:28} {turns:5d} {sampled * 1e3:8.1f} {old * 1e3:8.1f} {new * 1e3:8.1f} "
