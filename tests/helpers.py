@@ -308,3 +308,23 @@ def run_quick(script: str, out: Path, *args: str, timeout: float = 120) -> str:
     assert (out / f"{stem}.png").stat().st_size > 10_000
     json.loads((out / f"{stem}.json").read_text())
     return proc.stdout
+
+
+FAST_TEMPLATES = frozenset({"qwen3", "llama3", "gemma3", "gptoss"})
+"""The official templates a sweep over every TRL template keeps in the fast tier (``-m "not slow"``); the rest of
+the sweep is ``slow`` (the whole suite and CI run every template)."""
+
+
+def sweep(cases, template_of, ids=None):
+    """``cases`` as pytest params, each marked ``slow`` unless ``template_of(case)`` is in ``FAST_TEMPLATES``."""
+    import pytest
+
+    ids = ids or [None] * len(cases)
+    return [
+        pytest.param(
+            *(c if isinstance(c, tuple) else (c,)),
+            id=i,
+            marks=() if template_of(c) in FAST_TEMPLATES else pytest.mark.slow,
+        )
+        for c, i in zip(cases, ids, strict=True)
+    ]

@@ -11,6 +11,7 @@ with and without a system prompt, with plain user text and with whitespace, newl
 from __future__ import annotations
 
 import pytest
+from helpers import sweep
 
 from trl_env.render.processors import from_tokenizer, get_processor
 from trl_env.render.processors.derived import history_stop
@@ -61,7 +62,7 @@ def assert_serves(processor, tokenizer, kwargs, system):
             assert rendered.endswith(expected), (system, users, k, rendered[-300:], expected)
 
 
-@pytest.mark.parametrize(("name", "kwargs"), CASES, ids=[f"{n}{k or ''}" for n, k in CASES])
+@pytest.mark.parametrize(("name", "kwargs"), sweep(CASES, lambda c: c[0], ids=[f"{n}{k or ''}" for n, k in CASES]))
 def test_every_trl_template_is_served_exactly_at_the_generation_boundary(name, kwargs):
     tokenizer = trl_template_tokenizer(name)
     if name in REFUSED:
@@ -76,7 +77,8 @@ NAMED_CASES = [(name, t, kw) for name, served in NAMED_TEMPLATES.items() for t, 
 
 
 @pytest.mark.parametrize(
-    ("name", "template", "kwargs"), NAMED_CASES, ids=[f"{n}-{t}{k or ''}" for n, t, k in NAMED_CASES]
+    ("name", "template", "kwargs"),
+    sweep(NAMED_CASES, lambda c: c[1], ids=[f"{n}-{t}{k or ''}" for n, t, k in NAMED_CASES]),
 )
 def test_each_registry_name_renders_as_its_official_templates(name, template, kwargs):
     tokenizer = trl_template_tokenizer(template)
