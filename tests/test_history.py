@@ -8,6 +8,7 @@ turn into one row; "sampled" rows are the rollout's own lists.
 from __future__ import annotations
 
 import pytest
+from helpers import sweep
 from history_support import SEEDS, ReplyGenerator, TalkEnv, check_rows, conversations
 
 from trl_env.errors import ConfigError
@@ -101,7 +102,8 @@ REWRITING = [
 
 
 @pytest.mark.parametrize(
-    ("template", "kwargs"), REWRITING, ids=[f"{t}{'-' + str(k) if k else ''}" for t, k in REWRITING]
+    ("template", "kwargs"),
+    sweep(REWRITING, lambda c: c[0], ids=[f"{t}{'-' + str(k) if k else ''}" for t, k in REWRITING]),
 )
 def test_deployed_prompts_are_the_rendering_of_every_rewriting_trl_template(template, kwargs):
     tokenizer = trl_template_tokenizer(template)
