@@ -151,3 +151,31 @@ def test_an_unknown_loss_type_is_refused_by_name():
     step = MicroStep(chunks=[], rows=1, tokens=1, steps=1)
     with pytest.raises(ValueError, match="loss_type='mystery'"):
         chunk_scale("mystery", scored_batch([1]), step, processes=1, accumulation=1)
+
+
+def test_packed_chunks_count_unique_tokens_so_rows_sharing_a_prompt_fill_one_chunk():
+    """30 shared prompt tokens + 2 of its own per row: 32 x 6 padded tokens, 29 + 6 x 3 unique (a fork costs one)."""
+    batch = scored_batch([2] * 6, prompt_len=30)
+    width = batch["prompt_ids"].size(1) + batch["completion_ids"].size(1)
+    assert 60 // width == 1  # the padded count: one row per chunk
+    (step,) = plan_micro_steps(batch, steps=1, accumulation=1, budget=60, default_rows=2, gather=one_process,
+                               packed=True)  # fmt: skip
+    assert [chunk["completion_ids"].size(0) for chunk in step.chunks] == [6]
+    assert sorted(real_rows_of(step.chunks[0])) == list(range(6))
+    (step,) = plan_micro_steps(batch, steps=1, accumulation=1, budget=40, default_rows=2, gather=one_process,
+                               packed=True)  # fmt: skip
+    assert [chunk["completion_ids"].size(0) for chunk in step.chunks] == [3, 3]  # 29 + 3 x 3 <= 40 < 29 + 4 x 3
+
+
+def test_packed_chunks_are_as_many_and_as_large_on_every_process_padded_with_the_chunks_own_first_row():
+    batch = scored_batch([2] * 4, prompt_len=30)
+
+    def gather(mine):  # the other process dealt its 4 rows as 1 + 3
+        return torch.cat([mine, torch.tensor([1, 3, 0, 0])]) if mine.numel() == 4 else torch.cat([mine, mine])
+
+    (step,) = plan_micro_steps(batch, steps=1, accumulation=1, budget=38, default_rows=2, gather=gather,
+                               packed=True)  # fmt: skip
+    assert [chunk["completion_ids"].size(0) for chunk in step.chunks] == [3, 3]  # this one dealt 3 + 1
+    second = step.chunks[1]
+    assert len(real_rows_of(second)) == 1
+    assert (second["completion_ids"] == second["completion_ids"][0]).all()  # padding copies the chunk's own row

@@ -190,6 +190,12 @@ class Recording(EpisodeGRPOTrainer):
         self.scored.append(out)
         return out
 
+    def _prepare_inputs(self, generation_batch):
+        step = super()._prepare_inputs(generation_batch)
+        self.chunks += [(c["completion_ids"].size(0), c["prompt_ids"].size(1) + c["completion_ids"].size(1))
+                        for c in step.chunks]  # fmt: skip
+        return step
+
     def training_step(self, model, inputs, num_items_in_batch):
         loss = super().training_step(model, inputs, num_items_in_batch)
         self.losses.append(loss.item())
@@ -222,9 +228,12 @@ def test_packed_step_trains_the_unpacked_steps_loss_and_gradient(tmp_path, model
                         processing_class=tok, train_dataset=Dataset.from_dict({"prompt": ["1", "2"] * 8}),
                         rollout_func=deployed_func(tok), callbacks=[grads_callback(grads)],
                         max_micro_batch_tokens=300, packing=True)  # fmt: skip
-    trainer.scored, trainer.losses = [], []
+    trainer.scored, trainer.losses, trainer.chunks = [], [], []
     trainer.train()
     assert len(trainer.losses) == 2
+    assert any(rows > 300 // width for rows, width in trainer.chunks), (
+        "max_micro_batch_tokens counts unique tokens: shared prefixes let more rows into a chunk than rows x width"
+    )
     (logged,) = [entry for entry in trainer.state.log_history if "packing/ratio" in entry]
     assert logged["packing/ratio"] > 1.0, "the loss forwards ran packed, sharing prefixes"
 

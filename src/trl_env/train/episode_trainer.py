@@ -137,9 +137,10 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
     ``vespo``) weigh every trained token as ``history="sampled"`` does, only in its deployed context. ``grpo`` and
     ``sapo`` average per row, so an episode of k rows weighs k times; ``dr_grpo`` divides by rows x
     ``max_completion_length``; ``luspo`` sums per row. With ``history="deployed"`` the rows go to the
-    optimizer in micro-batches of at most ``max_micro_batch_tokens`` tokens (rows x padded length; default
-    ``per_device_train_batch_size`` rows), however many rows the episodes have, each normalised as one batch of its
-    optimizer step's rows on every process would be (``trl_env.train.micro_batches``); the padding rows that
+    optimizer in micro-batches of at most ``max_micro_batch_tokens`` tokens (rows x padded length; with ``packing``
+    the unique tokens its packed forward runs; default ``per_device_train_batch_size`` rows), however many rows the
+    episodes have, each normalised as one batch of its optimizer step's rows on every process would be
+    (``trl_env.train.micro_batches``); the padding rows that
     give every process the same number of rows count in no denominator. ``history="sampled"`` trains exactly as
     ``GRPOTrainer`` does.
 
@@ -349,7 +350,7 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
         args = trainer.args
         plan = functools.partial(plan_micro_steps, budget=self._max_micro_batch_tokens,
                                  default_rows=args.per_device_train_batch_size,
-                                 gather=self.accelerator.gather)  # fmt: skip
+                                 gather=self.accelerator.gather, packed=self._packing)  # fmt: skip
         if not trainer.model.training:  # eval: one micro-step, no accumulation
             return plan(self._generate_and_score_completions(generation_batch), steps=1, accumulation=1)[0]
         steps, index = args.steps_per_generation, micro_step_index(self)

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from trl_env.errors import ConfigError
+from trl_env.train.packing import TokenTrie
 from trl_env.train.trl_internals import ITEM_LOSSES, ROW_LOSSES, TOKEN_LOSSES
 
 __all__ = [
@@ -110,6 +111,7 @@ def plan_micro_steps(
     budget: int | None,
     default_rows: int,
     gather: Callable[[torch.Tensor], torch.Tensor],
+    packed: bool = False,
 ) -> list[MicroStep]:
     """Split a scored batch of rows into ``steps`` micro-steps of token-bounded chunks, and their denominators.
 
@@ -138,21 +140,74 @@ def plan_micro_steps(
     tokens_of_step = every[:, 1 + steps :].sum(dim=0).tolist()
     window_rows = [sum(rows_of_step[w : w + accumulation]) for w in range(0, steps, accumulation)]
     window_tokens = [sum(tokens_of_step[w : w + accumulation]) for w in range(0, steps, accumulation)]
+    if packed and budget is not None:
+        parts, sizes_of = _deal_by_unique_tokens(batch, parts, most_rows, budget, gather)
+    else:
+        sizes_of = []
+        for k in range(steps):
+            count = max(1, math.ceil(most_rows[k] / per_chunk))  # every process: as many chunks, as large
+            sizes_of.append([len(p) for p in _split(list(range(most_rows[k])), count)])
     plan = []
     for k, part in enumerate(parts):
-        count = max(1, math.ceil(most_rows[k] / per_chunk))  # every process: as many chunks, as large
-        sizes = [len(p) for p in _split(list(range(most_rows[k])), count)]
         chunks, start = [], 0
-        for size in sizes:
+        for size in sizes_of[k]:
             own = part[start : start + size]
             start += size
-            chunk = take_rows(batch, own + [0] * (size - len(own)))
+            filler = own[0] if packed and own else 0
+            chunk = take_rows(batch, own + [filler] * (size - len(own)))
             chunk.pop(REAL_ROW, None)
             chunk["completion_mask"][len(own) :] = 0  # padding rows: no trained token, in no denominator
             chunks.append(chunk)
         window = k // accumulation
         plan.append(MicroStep(chunks=chunks, rows=window_rows[window], tokens=window_tokens[window], steps=steps))
     return plan
+
+
+def _row_tokens(batch: dict[str, Any], row: int) -> list[int]:
+    """The tokens the forward of ``row`` runs: its prompt and completion tokens under their masks."""
+    prompt, completion = batch["prompt_ids"][row], batch["completion_ids"][row]
+    prompt_mask = batch.get("prompt_mask")
+    kept = prompt if prompt_mask is None else prompt[prompt_mask[row].bool()]
+    return [*kept.tolist(), *completion[batch["completion_mask"][row].bool()].tolist()]
+
+
+def _deal_by_unique_tokens(
+    batch: dict[str, Any],
+    parts: list[list[int]],
+    most_rows: list[int],
+    budget: int,
+    gather: Callable[[torch.Tensor], torch.Tensor],
+) -> tuple[list[list[int]], list[list[int]]]:
+    """Each micro-step's rows sorted by their tokens, and its chunk sizes, the same on every process.
+
+    This process deals its rows into chunks whose unique tokens (``TokenTrie``) stay within ``budget`` (a row alone
+    may exceed it); the processes' chunk sizes are gathered and chunk ``j`` gets the most rows any put in theirs.
+    """
+    sorted_parts, mine = [], []
+    for k, part in enumerate(parts):
+        tokens = {row: _row_tokens(batch, row) for row in part}
+        part = sorted(part, key=lambda row: tokens[row])
+        sizes: list[int] = []
+        trie = TokenTrie()
+        for row in part:
+            if sizes and trie.size + trie.new_tokens(tokens[row]) > budget:
+                sizes.append(0)
+                trie = TokenTrie()
+            if not sizes:
+                sizes.append(0)
+            trie.add(tokens[row])
+            sizes[-1] += 1
+        sorted_parts.append(part)
+        mine += sizes + [0] * (most_rows[k] - len(sizes))
+    device = batch["completion_ids"].device
+    every = gather(torch.tensor(mine, dtype=torch.long, device=device)).view(-1, max(len(mine), 1)).cpu()
+    most = every.max(dim=0).values.tolist() if mine else []
+    sizes_of, start = [], 0
+    for k in range(len(parts)):
+        common = [size for size in most[start : start + most_rows[k]] if size]
+        sizes_of.append(common or [0])
+        start += most_rows[k]
+    return sorted_parts, sizes_of
 
 
 def chunk_scale(loss_type: str, chunk: dict[str, Any], step: MicroStep, *, processes: int, accumulation: int) -> float:

@@ -34,6 +34,7 @@ __all__ = [
     "PACK_BELOW",
     "PackedRows",
     "PackingStats",
+    "TokenTrie",
     "check_packable",
     "pack_rows",
     "packed_logps",
@@ -159,18 +160,41 @@ def row_token_lists(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> li
     return out
 
 
-def unique_tokens(rows: Sequence[Sequence[int]]) -> int:
-    """Tokens a packed forward of ``rows`` runs: the nodes of their trie (keyed on each token and the next)."""
-    roots: dict[tuple[int, int | None], Any] = {}
-    count = 0
-    for row in rows:
-        children = roots
+class TokenTrie:
+    """A growing prefix trie of rows, its nodes keyed as ``pack_rows`` keys them (a token and the next one).
+
+    Its ``size`` is the tokens a packed forward of its rows runs (``unique_tokens``).
+    """
+
+    def __init__(self) -> None:
+        self.roots: dict[tuple[int, int | None], Any] = {}
+        self.size = 0
+
+    def new_tokens(self, row: Sequence[int]) -> int:
+        """The tokens ``row`` would add to the trie."""
+        children, shared = self.roots, 0
+        for key in zip(row, [*row[1:], None], strict=True):
+            if key not in children:
+                break
+            children, shared = children[key], shared + 1
+        return len(row) - shared
+
+    def add(self, row: Sequence[int]) -> None:
+        """Fold ``row`` into the trie."""
+        children = self.roots
         for key in zip(row, [*row[1:], None], strict=True):
             if key not in children:
                 children[key] = {}
-                count += 1
+                self.size += 1
             children = children[key]
-    return count
+
+
+def unique_tokens(rows: Sequence[Sequence[int]]) -> int:
+    """Tokens a packed forward of ``rows`` runs: the nodes of their trie (keyed on each token and the next)."""
+    trie = TokenTrie()
+    for row in rows:
+        trie.add(row)
+    return trie.size
 
 
 def packing_pays(row_tokens: int, unique: int) -> bool:
