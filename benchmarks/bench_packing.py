@@ -4,11 +4,17 @@ Each case runs in a fresh process (so peak RSS is its own): TRL's padded forward
 completions right-padded, the fused LM head as GRPOTrainer calls it) or trl_env.train.packing's packed one, then a
 backward of the logprobs' sum, in micro-batches of ``--rows`` rows; the step wall is the median of ``--repeats``.
 
-Workloads (tiny Qwen2 model, float32, CPU):
+Workloads (tiny Qwen2 model by default, float32, CPU):
   (a) groups:   4 prompts x 8 completions of 64 tokens; every prompt a shared 512-token system prompt + a 32-token task.
   (b) deployed: history="deployed" rows of 8-turn conversations under Qwen 3's official (thinking) template, which
                 drops earlier reasoning, so each turn is a row whose prompt extends the conversation; 8 episodes.
-  (c) nothing:  32 rows sharing no token (random prompts of 64-160 tokens, completions of 16-96).
+  (c) agent:    an agent program's calls through the gateway as deployed rows: 2 tasks x 4 episodes x 6 calls, each
+                row's prompt the system prompt, 4 tool schemas (Qwen 3 template), the task and the calls so far.
+  (d) selfplay: two seats, 8 games x 8 turns; each seat's turn a deployed row of its own conversation.
+  nothing:      32 rows sharing no token (random prompts of 64-160 tokens, completions of 16-96).
+
+``--model smollm2`` runs SmolLM2-135M-Instruct (trl_env.testing, offline) instead; ``--limit N`` keeps the first N
+rows of each workload.
 
 Run: ``flock /tmp/trl_env_heavy.lock python benchmarks/bench_packing.py``
 """
@@ -25,7 +31,7 @@ import time
 
 import torch
 
-WORKLOADS = ("groups", "deployed", "nothing")
+WORKLOADS = ("groups", "deployed", "agent", "selfplay", "nothing")
 
 
 def rows_of(workload: str, tok: object, vocab: int) -> list[tuple[list[int], list[int]]]:
@@ -42,6 +48,16 @@ def rows_of(workload: str, tok: object, vocab: int) -> list[tuple[list[int], lis
     from trl_env.testing.templates import trl_templates
 
     tok.chat_template = trl_templates()["qwen3"]  # type: ignore[attr-defined]
+
+    def row(messages: list[dict[str, object]], reply: str, **extra: object) -> tuple[list[int], list[int]]:
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)  # type: ignore[attr-defined]
+        prompt = tok(text, add_special_tokens=False)["input_ids"]  # type: ignore[operator]
+        return prompt, tok(reply, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]  # type: ignore[operator,attr-defined]
+
+    if workload == "agent":
+        return agent_rows(row)
+    if workload == "selfplay":
+        return selfplay_rows(row)
     rows = []
     for episode in range(8):
         messages = [{"role": "system", "content": "You are playing a word game; answer with one word. " * 6}]
@@ -53,6 +69,70 @@ def rows_of(workload: str, tok: object, vocab: int) -> list[tuple[list[int], lis
             reply = f"<think>\nThe board says {turn * 7}; I pick {answer}.\n</think>\n\n{answer}"
             rows.append((prompt, tok(reply, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]))  # type: ignore[operator,attr-defined]
             messages.append({"role": "assistant", "content": answer})
+    return rows
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"{name.replace('_', ' ').capitalize()} in the project's files. {doc}",
+            "parameters": {
+                "type": "object",
+                "properties": {arg: {"type": "string", "description": f"The {arg} to use."} for arg in args},
+                "required": list(args),
+            },
+        },
+    }
+    for name, doc, args in [
+        ("search_files", "Returns the matching lines with their paths.", ("pattern", "folder")),
+        ("read_file", "Returns the file's text, numbered.", ("path",)),
+        ("write_file", "Replaces the file's text.", ("path", "text")),
+        ("run_tests", "Runs the test suite and returns its summary.", ("selection",)),
+    ]
+]
+
+
+def agent_rows(row) -> list[tuple[list[int], list[int]]]:  # type: ignore[no-untyped-def]
+    """An agent program through the gateway: 2 tasks x 4 episodes, 6 calls each, every call a deployed row (its
+    prompt: the system prompt, the tool schemas, the task and the calls and tool results so far)."""
+    rows = []
+    system = "You are a coding agent. Use the tools to find and fix the bug, then run the tests."
+    for task in range(2):
+        for episode in range(4):
+            messages: list[dict[str, object]] = [
+                {"role": "system", "content": system},
+                {"role": "user", "content": f"Task {task}: the test test_parse_{task} fails with a KeyError."},
+            ]
+            for call in range(6):
+                name = TOOLS[call % 4]["function"]["name"]  # type: ignore[index]
+                arguments = {"path": f"src/mod_{episode}_{call}.py", "pattern": f"key{call}"}
+                reply = f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+                rows.append(row(messages, reply, tools=TOOLS))
+                messages.append(
+                    {"role": "assistant", "content": "",
+                     "tool_calls": [{"type": "function", "function": {"name": name, "arguments": arguments}}]}
+                )  # fmt: skip
+                messages.append({"role": "tool", "content": f"line {call}: result of {name} in episode {episode}"})
+    return rows
+
+
+def selfplay_rows(row) -> list[tuple[list[int], list[int]]]:  # type: ignore[no-untyped-def]
+    """Self-play, two seats: 8 games of 4 rounds; each seat's turn is a deployed row of its own conversation (its
+    own system prompt, the other seat's moves as user messages)."""
+    rows = []
+    rules = "The game: name a country whose first letter is the last letter of the previous one. "
+    for game in range(8):
+        seats = [[{"role": "system", "content": rules * 3 + f"You are player {seat + 1}."}] for seat in range(2)]
+        last = "Start: the first country is Spain."
+        for turn in range(8):
+            seat = turn % 2
+            seats[seat].append({"role": "user", "content": last})
+            answer = f"country{game}{turn}"
+            rows.append(row(seats[seat], f"<think>\nI need a country; {answer} fits.\n</think>\n\n{answer}"))
+            seats[seat].append({"role": "assistant", "content": answer})
+            last = f"Player {seat + 1} says {answer}."
     return rows
 
 
@@ -68,7 +148,7 @@ def padded(rows: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.
     return ids, mask, width_c
 
 
-def case(workload: str, mode: str, rows_per_batch: int, repeats: int) -> dict[str, float]:
+def case(workload: str, mode: str, rows_per_batch: int, repeats: int, model_name: str, limit: int) -> dict[str, float]:
     """One workload in one mode, in this process: forwarded positions, unique tokens, step wall, peak RSS."""
     from trl.trainer.utils import add_fused_lm_head
 
@@ -83,11 +163,20 @@ def case(workload: str, mode: str, rows_per_batch: int, repeats: int) -> dict[st
     )
 
     torch.manual_seed(0)
-    tok = build_tiny_tokenizer()
-    model = build_tiny_model(tok).train()
+    if model_name == "smollm2":
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from trl_env.testing.models import prepare_smollm2
+
+        folder = prepare_smollm2()
+        tok = AutoTokenizer.from_pretrained(folder)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa").train()
+    else:
+        tok = build_tiny_tokenizer()
+        model = build_tiny_model(tok).train()
     model.config._attn_implementation = "sdpa"
     add_fused_lm_head(model, outputs=("log_probs", "entropy"))
-    rows = rows_of(workload, tok, model.config.vocab_size)
+    rows = rows_of(workload, tok, model.config.vocab_size)[: limit or None]
     batches = [padded(rows[i : i + rows_per_batch], tok.pad_token_id) for i in range(0, len(rows), rows_per_batch)]
     weight = pair_weight_of(model)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -132,13 +221,18 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=8, help="rows per micro-batch (TRL's per_device batch)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
+    parser.add_argument("--model", choices=("tiny", "smollm2"), default="tiny")
+    parser.add_argument("--limit", type=int, default=0, help="the first LIMIT rows of each workload (0: all)")
     parser.add_argument("--case", nargs=2, help=argparse.SUPPRESS)  # internal: run one case, print JSON
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.case:
-        print(json.dumps(case(args.case[0], args.case[1], args.rows, args.repeats)))
+        print(json.dumps(case(args.case[0], args.case[1], args.rows, args.repeats, args.model, args.limit)))
         return
-    print(f"torch {torch.__version__}, 1 thread, tiny Qwen2 (2 layers, hidden 128), float32, {args.rows} rows/forward")
+    name = "SmolLM2-135M-Instruct" if args.model == "smollm2" else "tiny Qwen2 (2 layers, hidden 128)"
+    print(
+        f"torch {torch.__version__}, 1 thread, {name}, float32, {args.rows} rows/forward, limit {args.limit or 'none'}"
+    )
     header = (
         f"{'workload':<9} {'rows':>4} {'row tok':>8} {'unique':>7} {'padded pos':>10} {'packed pos':>10} "
         f"{'pos/unique':>10} {'ratio':>6} {'padded s':>9} {'packed s':>9} {'speed-up':>8} "
@@ -149,7 +243,7 @@ def main() -> None:
         out = {}
         for mode in ("padded", "packed"):
             command = [sys.executable, __file__, "--case", workload, mode, "--rows", str(args.rows)]
-            command += ["--repeats", str(args.repeats)]
+            command += ["--repeats", str(args.repeats), "--model", args.model, "--limit", str(args.limit)]
             out[mode] = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
         pad, pack = out["padded"], out["packed"]
         print(

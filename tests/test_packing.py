@@ -291,3 +291,27 @@ def test_a_batch_whose_trie_saves_almost_nothing_takes_the_padded_forward(fused,
     logps, _ = trainer_packed_logps(trainer, fused, ids, mask, keep, batch_size=4)
     torch.testing.assert_close(logps, unpacked(fused, ids, mask, keep)[0], rtol=0, atol=1e-5)
     assert logged["packing/ratio"][-1] > 2.0
+
+
+@pytest.mark.parametrize("workload", ["agent", "selfplay"])
+def test_bench_packings_agent_and_selfplay_rows_share_their_prefixes_and_pack_exactly(fused, tokenizer, workload):
+    """benchmarks/bench_packing.py's (c) agent calls with tool schemas and (d) two-seat self-play rows: each row's
+    prompt extends its conversation's previous one, and their packed logprobs equal the padded forward's."""
+    import importlib.util
+
+    from helpers import BENCH
+
+    spec = importlib.util.spec_from_file_location("bench_packing", BENCH / "bench_packing.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = bench.rows_of(workload, copy.deepcopy(tokenizer), fused.config.vocab_size)
+    assert len(rows) == (48 if workload == "agent" else 64)
+    per_conversation, offset = (6, 0) if workload == "agent" else (8, 2)  # self-play: a seat's turns alternate
+    first, later = rows[0], rows[offset or per_conversation - 1]
+    assert later[0][: len(first[0])] == first[0] and len(later[0]) > len(first[0]) + 10  # the conversation extends
+    text = tokenizer.decode(first[0])
+    assert ("<tools>" in text and "search_files" in text) if workload == "agent" else "player 1" in text
+    ids, mask, keep = padded(rows[:8], tokenizer.pad_token_id)
+    packed = pack_rows(ids, mask, keep, tokenizer.pad_token_id, pair_weight=pair_weight_of(fused))
+    assert packed.stats.ratio > 2.0, packed.stats
+    torch.testing.assert_close(packed_logps(fused, packed)[0], unpacked(fused, ids, mask, keep)[0], rtol=0, atol=1e-5)
