@@ -50,9 +50,11 @@ gateway too). The CPU per call, agent minus env, is what the agent path adds on 
 The other dialects (opt-in paths, ``--paths env agent agent-responses agent-messages``): ``agent-responses`` is the
 ``agent`` program on the Responses API (``run.openai().responses.create``, the answer's output items sent back as
 input items) and ``agent-messages`` on Anthropic Messages (``run.anthropic().messages.create``, the answer's content
-blocks sent back), both in-process as ``agent``: their trainer CPU per call beside the chat route's (issue 45):
+blocks sent back), both in-process as ``agent``: their trainer CPU per call beside the chat route's (issue 45);
+``agent-responses-proc`` runs the Responses program in worker processes, as ``agent-proc`` does the chat one:
 
     python benchmarks/bench_agents.py --scripted --paths env agent agent-responses agent-messages --episodes 64
+    python benchmarks/bench_agents.py --scripted --paths env agent agent-proc agent-responses agent-responses-proc --episodes 64
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ from trl_env.agents.run import AgentRun
 from trl_env.rollout.isolation import isolated
 
 PATHS = ["env", "env-sdk", "agent", "agent-http", "agent-proc"]
-DIALECT_PATHS = ["agent-responses", "agent-messages"]
+DIALECT_PATHS = ["agent-responses", "agent-messages", "agent-responses-proc"]
 """Opt-in (``--paths``): the ``agent`` program in the gateway's other dialects."""
 _client_times: dict[str, list[tuple[float, float]]] = {}
 _client_lock = threading.Lock()
@@ -387,6 +389,9 @@ def main(argv: list[str] | None = None) -> int:
                      "agent-messages": TimedFactory(functools.partial(program, dialect="messages"))}  # fmt: skip
         if "agent-proc" in PATHS:  # as make_rollout_func(..., env_executor="process") wraps it, with a larger pool
             factories["agent-proc"] = isolated(TimedFactory(program), pool_size=args.proc_pool)
+        if "agent-responses-proc" in PATHS:  # the Responses program in worker processes: its SDK off the trainer
+            responses = functools.partial(program, dialect="responses")
+            factories["agent-responses-proc"] = isolated(TimedFactory(responses), pool_size=args.proc_pool)
 
         def run(path: str, n: int) -> dict[str, Any]:
             seeds = [f"{n}-{i}" for i in range(n)]
@@ -417,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
                 result["added"], result["client"], result["engine"] = added_latency(rollouts)
             return result
 
-        measured = [(path, n) for n in sizes for path in PATHS if path != "agent-proc" or n <= args.proc_pool]
+        measured = [(path, n) for n in sizes for path in PATHS if not path.endswith("-proc") or n <= args.proc_pool]
         t_start = time.perf_counter()
         for path, n in measured:  # warm-up: each path once per size
             run(path, n)
