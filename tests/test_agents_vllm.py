@@ -32,7 +32,7 @@ def test_two_real_grpo_steps_of_an_openai_sdk_agent_every_row_token_exact_agains
     recorder = Recorder()
     gen = VLLMServerGenerator(url, model=model_dir, post=recorder, temperature=1.0)
     func = make_rollout_func(agent_env_factory(agent), from_tokenizer(tok), history="deployed", generator=gen,
-                             max_turns=4, max_new_tokens=12, env_timeout=120)  # fmt: skip
+                             max_turns=4, max_new_tokens=12, env_timeout=120, parse_truncated_turns=True)  # fmt: skip
     seen = []
     rollouts = func.rollouts
     func.rollouts = lambda prompts, trainer: seen.append(rollouts(prompts, trainer)) or seen[-1]

@@ -222,3 +222,62 @@ def test_eval_prints_the_same(tmp_path, capsys):
     assert status == 0
     err = capsys.readouterr().err
     assert "every episode of this step (4) was cut by the token budget at its first model turn" in err
+
+
+def test_agent_episodes_all_cut_at_their_first_call_are_a_config_failure():
+    agent_info = {"env": {"agent_calls": 1}}
+    cut = [rollout(Ending.LENGTH, turns=[cut_turn()], info=agent_info) for _ in range(4)]
+    reason = config_failure(cut)
+    assert "every agent episode of this step (4) ended at its first model call" in reason
+    assert "parse_truncated_turns=True" in reason
+    assert config_failure([*cut[:3], rollout(Ending.LENGTH, turns=[cut_turn()])]) is None  # one is no agent
+    assert config_failure([*cut[:3], rollout(Ending.ENV_DONE, turns=[cut_turn("ok")], info=agent_info)]) is None
+
+
+def plain_agent(run):
+    """An agent program without tools: one call, its reply read."""
+    client = run.openai(max_retries=0)
+    reply = client.chat.completions.create(model=run.model, messages=[{"role": "user", "content": "Say hi."}])
+    return float(bool(reply.choices[0].message.content))
+
+
+def plain_agent_trainer(model, tokenizer, tmp_path, **options):
+    func = make_rollout_func(
+        agent_env_factory(plain_agent),
+        from_tokenizer(tokenizer),
+        history="deployed",
+        max_turns=2,
+        max_new_tokens=2,
+        **options,
+    )
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=64,
+        max_steps=1,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+    )
+    return EpisodeGRPOTrainer(
+        model=model,
+        reward_funcs=env_reward,
+        args=args,
+        processing_class=tokenizer,
+        rollout_func=func,
+        train_dataset=Dataset.from_dict({"prompt": ["a", "b"] * 4}),
+    )
+
+
+def test_an_agent_run_whose_every_call_is_cut_stops_unless_cut_calls_are_answered(model, tokenizer, tmp_path):
+    trainer = plain_agent_trainer(model, tokenizer, tmp_path / "cut")  # 2 tokens: the random model is always cut
+    with pytest.raises(ConfigFailureError, match="ended at its first model call") as stopped:
+        trainer.train()
+    assert "parse_truncated_turns=True" in str(stopped.value) and trainer.state.global_step == 0
+    answered = plain_agent_trainer(model, tokenizer, tmp_path / "answered", parse_truncated_turns=True)
+    answered.train()  # a cut call is answered with finish_reason="length": the program goes on
+    assert answered.state.global_step == 1

@@ -5,7 +5,8 @@ a run, but also lets a misconfigured run (a chat template that cannot render the
 room) train on nothing with only a metric to show for it. ``FailureLog`` says what failed, once per kind and then
 at doubling counts; ``config_failure`` names a step in which every episode failed for one configuration reason,
 which the trainers stop on (``stop_on_config_failure``); ``cut_at_first_turn`` one whose every episode the token
-budget cut at its first turn (said, not stopped on). ``trl-env eval`` prints the same.
+budget cut at its first turn (said, not stopped on, except for agent programs: none got an answer). ``trl-env
+eval`` prints the same.
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ def first_line(error: str, limit: int = 400) -> str:
 def config_failure(rollouts: Sequence[Rollout]) -> str | None:
     """Why every episode of ``rollouts`` failed for one configuration reason, in words with the fix; else ``None``.
 
-    The reasons: every episode failed with one kind of ``CONFIG_KINDS`` (the first message is quoted), or every
-    opening prompt left no room within the budgets.
+    The reasons: every episode failed with one kind of ``CONFIG_KINDS`` (the first message is quoted), every agent
+    program's episode ended at its first call, cut by the token budget (no program got an answer: the fix is
+    ``parse_truncated_turns=True``), or every opening prompt left no room within the budgets.
     """
     if not rollouts:
         return None
@@ -54,6 +56,13 @@ def config_failure(rollouts: Sequence[Rollout]) -> str | None:
             f"every episode of this step ({n}) failed with {kind}: {first_line(rollouts[0].error)} "
             f"({HINT_STRICT}; docs/troubleshooting.md)"
         )
+    if all(_is_agent(r) for r in rollouts) and cut_at_first_turn(rollouts) is not None:
+        tokens = max(r.turns[0].num_model_tokens for r in rollouts)
+        return (
+            f"every agent episode of this step ({n}) ended at its first model call, cut by the token budget at "
+            f"{tokens} tokens, so no program got an answer: pass parse_truncated_turns=True (a cut call is answered "
+            "with finish_reason='length', as the API does) or raise max_new_tokens"
+        )
     if all(r.ending is Ending.LENGTH and not r.turns and "prompt_too_long" in r.info for r in rollouts):
         sizes = sorted(int(r.info["prompt_too_long"]) for r in rollouts)
         return (
@@ -62,6 +71,12 @@ def config_failure(rollouts: Sequence[Rollout]) -> str | None:
             "or shorten the env's first observation and the system prompt"
         )
     return None
+
+
+def _is_agent(rollout: Rollout) -> bool:
+    """Whether ``rollout`` is an agent program's episode (``AgentEnv`` reports its calls in its info)."""
+    env_info = rollout.info.get("env")
+    return isinstance(env_info, dict) and "agent_calls" in env_info
 
 
 def cut_at_first_turn(rollouts: Sequence[Rollout]) -> str | None:
