@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import sys
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -212,7 +213,8 @@ class RolloutFunction:
         self._config_checked = False
         self.credit = credit
         """``make_rollout_func``'s ``credit=``, read by ``EpisodeGRPOTrainer`` (GRPOTrainer takes only "episode")."""
-        self._generators: dict[int, Generator] = {}
+        self._generators: weakref.WeakKeyDictionary[Any, Generator] = weakref.WeakKeyDictionary()
+        """One generator per trainer object, held no longer than the trainer (an ``id`` key could outlive it)."""
         self._template_check: RolloutCheck | None = None
         self.failures = FailureLog(stop_on_config_failure=options.engine.stop_on_config_failure)
         self.mask_truncated = False
@@ -313,9 +315,9 @@ class RolloutFunction:
 
     def _generator(self, trainer: Any) -> Generator:
         backend = self.options.backend
-        gen = self._generators.get(id(trainer))
+        gen = self._generators.get(trainer)
         if gen is None:
-            gen = self._generators[id(trainer)] = _make_generator(backend.generator, trainer, backend.base_url)
+            gen = self._generators[trainer] = _make_generator(backend.generator, trainer, backend.base_url)
         if backend.lora_sync is not None:
             if not isinstance(gen, VLLMServerGenerator):
                 raise ConfigError(f"lora_sync needs a vLLM server generator, got {type(gen).__name__}; pass base_url=.")
