@@ -182,3 +182,31 @@ def assert_token_exact(rollouts, generator) -> int:
             assert all(row.logprobs[i] == 0.0 for i, m in enumerate(row.env_mask) if not m)
     assert checked == len(generator.requests) == sum(len(r.turns) for r in rollouts)
     return checked
+
+
+def langchain_program(run):
+    """LangChain's ChatOpenAI with a tool bound (``bind_tools``), a hand-written tool loop; over HTTP."""
+    from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(model=run.model, base_url=run.base_url, api_key=run.api_key, max_retries=0).bind_tools([add])
+    messages: list[Any] = [SystemMessage("You add."), HumanMessage(f"What is 40 + 2? ({run.seed})")]
+    for _ in range(3):
+        answer = llm.invoke(messages)
+        messages.append(answer)
+        if not answer.tool_calls:
+            return float(answer.content == "The answer is 42")
+        messages += [ToolMessage(str(add(**c["args"])), tool_call_id=c["id"]) for c in answer.tool_calls]
+    return 0.0
+
+
+async def pydantic_ai_program(run):
+    """A PydanticAI Agent with a tool on its OpenAI chat model; over HTTP."""
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    model = OpenAIChatModel(run.model, provider=OpenAIProvider(base_url=run.base_url, api_key=run.api_key))
+    adder = Agent(model, instructions="You add.", tools=[add])
+    result = await adder.run(f"What is 40 + 2? ({run.seed})")
+    return float(result.output == "The answer is 42")

@@ -1,8 +1,10 @@
 """Issue 45 item 3: an agent of each new dialect trains 2 real EpisodeGRPOTrainer steps through the gateway, every
 turn sampled by the REAL vLLM CPU server: the OpenAI Agents SDK's ``Runner.run`` on the Responses API
 (experiment/examples/agent_responses.py) and an Anthropic-SDK agent on Messages
-(experiment/examples/agent_anthropic.py), both with a ``multiply`` tool. Every row is checked token by token against
-what the server answered for exactly that row's context (the check of tests/test_agents_vllm.py)."""
+(experiment/examples/agent_anthropic.py), both with a ``multiply`` tool, and the frameworks on chat completions:
+LangChain's ``ChatOpenAI`` with ``bind_tools`` and a PydanticAI agent with a tool (tests/agents_support.py). Every row
+is checked token by token against what the server answered for exactly that row's context (the check of
+tests/test_agents_vllm.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from agents_support import framework, model_spans
+from agents_support import framework, langchain_program, model_spans, pydantic_ai_program
 from async_support import Recorder
 
 from trl_env import VLLMServerGenerator, env_reward, make_rollout_func
@@ -23,23 +25,31 @@ from trl_env.train.episode_trainer import EpisodeGRPOTrainer
 sys.path.insert(0, str(Path(__file__).parent.parent / "experiment" / "examples"))
 
 EXAMPLES = {"agent_responses": "agents", "agent_anthropic": "anthropic"}  # the example, the SDK it needs
+FRAMEWORKS = {  # agent programs on chat completions through a framework, over the gateway's loopback HTTP endpoint
+    "langchain": (langchain_program, "langchain_openai", "agents-frameworks"),
+    "pydantic_ai": (pydantic_ai_program, "pydantic_ai", "agents-frameworks"),
+}
 
 
-@pytest.mark.parametrize("name", list(EXAMPLES))
+@pytest.mark.parametrize("name", [*EXAMPLES, *FRAMEWORKS])
 def test_two_real_grpo_steps_of_a_dialect_agent_every_row_token_exact_against_vllm(vllm_server, tmp_path, name):
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig
 
-    framework(EXAMPLES[name], "agents-dialects")
-    example = importlib.import_module(name)
+    if name in EXAMPLES:
+        framework(EXAMPLES[name], "agents-dialects")
+        agent = importlib.import_module(name).agent
+    else:
+        agent, module, extra = FRAMEWORKS[name]
+        framework(module, extra)
     url, model_dir = vllm_server.base_url, vllm_server.model_dir
     tok = AutoTokenizer.from_pretrained(model_dir)
     tok.chat_template = trl_templates()["qwen2_5"]  # ChatML with the tool layout, as the examples set it
     recorder = Recorder()
     gen = VLLMServerGenerator(url, model=model_dir, post=recorder, temperature=1.0)
     func = make_rollout_func(
-        agent_env_factory(example.agent),
+        agent_env_factory(agent),
         from_tokenizer(tok),
         history="deployed",
         generator=gen,

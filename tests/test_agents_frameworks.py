@@ -7,10 +7,16 @@ rendering of what the program sent (the generator's request)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-from agents_support import PromptReplyGenerator, add, assert_token_exact, framework, qwen3_script
+from agents_support import (
+    PromptReplyGenerator,
+    add,
+    assert_token_exact,
+    framework,
+    langchain_program,
+    pydantic_ai_program,
+    qwen3_script,
+)
 
 from trl_env.agents import agent_env_factory
 from trl_env.render.processors import from_tokenizer
@@ -27,34 +33,6 @@ async def agents_sdk_program(run):
     config = RunConfig(model_provider=provider, tracing_disabled=True)
     result = await Runner.run(adder, f"What is 40 + 2? ({run.seed})", run_config=config, max_turns=4)
     return float(result.final_output == "The answer is 42")
-
-
-def langchain_program(run):
-    """LangChain's ChatOpenAI with a tool bound (``bind_tools``), a hand-written tool loop; over HTTP."""
-    from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
-    from langchain_openai import ChatOpenAI
-
-    llm = ChatOpenAI(model=run.model, base_url=run.base_url, api_key=run.api_key, max_retries=0).bind_tools([add])
-    messages: list[Any] = [SystemMessage("You add."), HumanMessage(f"What is 40 + 2? ({run.seed})")]
-    for _ in range(3):
-        answer = llm.invoke(messages)
-        messages.append(answer)
-        if not answer.tool_calls:
-            return float(answer.content == "The answer is 42")
-        messages += [ToolMessage(str(add(**c["args"])), tool_call_id=c["id"]) for c in answer.tool_calls]
-    return 0.0
-
-
-async def pydantic_ai_program(run):
-    """A PydanticAI Agent with a tool on its OpenAI chat model; over HTTP."""
-    from pydantic_ai import Agent
-    from pydantic_ai.models.openai import OpenAIChatModel
-    from pydantic_ai.providers.openai import OpenAIProvider
-
-    model = OpenAIChatModel(run.model, provider=OpenAIProvider(base_url=run.base_url, api_key=run.api_key))
-    adder = Agent(model, instructions="You add.", tools=[add])
-    result = await adder.run(f"What is 40 + 2? ({run.seed})")
-    return float(result.output == "The answer is 42")
 
 
 FRAMEWORKS = {
