@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -196,7 +197,22 @@ class CrashOnCommand(TextWorldEnv):
         return "look\x0e" if action.strip() == "crash" else super()._sanitize(action)
 
 
-def test_in_worker_processes_a_segfault_in_jericho_ends_only_its_episode(cache, tokenizer):
+@pytest.fixture
+def session_free_sys_path(monkeypatch):
+    """The worker processes are spawned with this process's ``sys.path``; in a whole-suite run it also holds what
+    other test modules and docs snippets put there (relative and example folders), under which the spawned zygote has
+    twice imported another ``textworld`` than the installed package. Keep the interpreter's own entries, this tests
+    folder, trl_env's and ``$PYTHONPATH``'s: what a user's trainer process would have."""
+    import trl_env
+
+    here, package = Path(__file__).resolve().parent, Path(trl_env.__file__).resolve().parent.parent
+    keep = {str(here), str(package), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))}
+    roots = (sys.prefix, sys.base_prefix, sys.exec_prefix)
+    clean = [p for p in sys.path if p in keep or (os.path.isabs(p) and p.startswith(roots))]
+    monkeypatch.setattr(sys, "path", clean)
+
+
+def test_in_worker_processes_a_segfault_in_jericho_ends_only_its_episode(cache, tokenizer, session_free_sys_path):
     from trl_env.rollout.isolation import isolated
 
     walkthroughs = {}
@@ -221,7 +237,9 @@ def test_in_worker_processes_a_segfault_in_jericho_ends_only_its_episode(cache, 
     assert all(r.info["env"]["won"] for r in rollouts[1:])
 
 
-def test_trl_env_eval_runs_textworld_with_the_tiny_model_in_worker_processes(cache, tmp_path, capsys):
+def test_trl_env_eval_runs_textworld_with_the_tiny_model_in_worker_processes(
+    cache, tmp_path, capsys, session_free_sys_path
+):
     from trl_env.tools.cli import main
 
     out = tmp_path / "eval"
