@@ -101,13 +101,13 @@ def tool_agent(run):
     return 1.0
 
 
-def agent_trainer(model, tokenizer, tmp_path, **options):
+def agent_trainer(model, tokenizer, tmp_path, program=None, *, max_new_tokens=8, steps=2, **options):
     func = make_rollout_func(
-        agent_env_factory(tool_agent),
+        agent_env_factory(program or tool_agent),
         from_tokenizer(tokenizer),
         history="deployed",
         max_turns=2,
-        max_new_tokens=8,
+        max_new_tokens=max_new_tokens,
         **options,
     )
     args = GRPOConfig(
@@ -115,7 +115,7 @@ def agent_trainer(model, tokenizer, tmp_path, **options):
         per_device_train_batch_size=4,
         num_generations=4,
         max_completion_length=64,
-        max_steps=2,
+        max_steps=steps,
         logging_steps=1,
         report_to=[],
         save_strategy="no",
@@ -241,43 +241,13 @@ def plain_agent(run):
     return float(bool(reply.choices[0].message.content))
 
 
-def plain_agent_trainer(model, tokenizer, tmp_path, **options):
-    func = make_rollout_func(
-        agent_env_factory(plain_agent),
-        from_tokenizer(tokenizer),
-        history="deployed",
-        max_turns=2,
-        max_new_tokens=2,
-        **options,
-    )
-    args = GRPOConfig(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=64,
-        max_steps=1,
-        logging_steps=1,
-        report_to=[],
-        save_strategy="no",
-        use_cpu=True,
-        bf16=False,
-        seed=0,
-    )
-    return EpisodeGRPOTrainer(
-        model=model,
-        reward_funcs=env_reward,
-        args=args,
-        processing_class=tokenizer,
-        rollout_func=func,
-        train_dataset=Dataset.from_dict({"prompt": ["a", "b"] * 4}),
-    )
-
-
 def test_an_agent_run_whose_every_call_is_cut_stops_unless_cut_calls_are_answered(model, tokenizer, tmp_path):
-    trainer = plain_agent_trainer(model, tokenizer, tmp_path / "cut")  # 2 tokens: the random model is always cut
+    trainer = agent_trainer(model, tokenizer, tmp_path / "cut", plain_agent, max_new_tokens=2, steps=1)  # always cut
     with pytest.raises(ConfigFailureError, match="ended at its first model call") as stopped:
         trainer.train()
     assert "parse_truncated_turns=True" in str(stopped.value) and trainer.state.global_step == 0
-    answered = plain_agent_trainer(model, tokenizer, tmp_path / "answered", parse_truncated_turns=True)
+    answered = agent_trainer(
+        model, tokenizer, tmp_path / "answered", plain_agent, max_new_tokens=2, steps=1, parse_truncated_turns=True
+    )
     answered.train()  # a cut call is answered with finish_reason="length": the program goes on
     assert answered.state.global_step == 1
