@@ -209,27 +209,8 @@ def test_the_fmt_skip_rule_allows_tables_only(source, bad):
     assert fmt_skips_off_tables(source) == bad
 
 
-ALLOWED_FMT_SKIP: dict[str, int] = {
-    # being reshaped by others (issue 43: train/, agents/, tools/, render's state machine): the number of markers
-    # off tables each file may still hold
-    "agents/env.py": 5,
-    "agents/gateway.py": 10,
-    "agents/local.py": 4,
-    "agents/wire.py": 3,
-    "render/conversation.py": 4,
-    "render/history.py": 1,
-    "tools/additivity.py": 2,
-    "tools/cli.py": 4,
-    "tools/evaluate.py": 4,
-    "train/async_grpo/groups.py": 3,
-    "train/async_grpo/samples.py": 2,
-    "train/async_grpo/worker.py": 2,
-    "train/async_grpo/worker_options.py": 2,
-    "train/credit.py": 2,
-    "train/episode_trainer.py": 5,
-    "train/options.py": 1,
-    "train/trl_internals.py": 1,
-}  # fmt: skip
+ALLOWED_FMT_SKIP: dict[str, int] = {}
+"""Files that may still hold markers off tables, and how many (none left)."""
 
 
 def fmt_skip_counts() -> dict[str, int]:

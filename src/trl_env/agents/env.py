@@ -40,8 +40,15 @@ CAPS = frozenset({"max_tokens", "max_completion_tokens"})
 class AgentEnv:
     """One episode of an agent program: each model call it makes is a turn (``history="deployed"``)."""
 
-    def __init__(self, program: AgentProgram, *, gateway: Gateway | None = None, verify: Verifier | None = None,
-                 settle_s: float = 30.0, sampling: SamplingMode = "trainer") -> None:  # fmt: skip
+    def __init__(
+        self,
+        program: AgentProgram,
+        *,
+        gateway: Gateway | None = None,
+        verify: Verifier | None = None,
+        settle_s: float = 30.0,
+        sampling: SamplingMode = "trainer",
+    ) -> None:
         """``program`` runs once per episode; ``verify`` (optional) scores it instead of its return value.
 
         ``settle_s``: after trl-env ends an episode (a budget), how long its program may take to return its reward.
@@ -74,9 +81,14 @@ class AgentEnv:
                 raise EpisodeFailure("agent_error", AgentError(f"the episode ended ({self._ended}) before it started"))
             self._session = session = gateway.open()
         row: Mapping[str, Any] = seed.row if isinstance(seed, RowSeed) else {}
-        self._run = run = AgentRun(task=row.get("prompt", seed), seed=str(seed), base_url=gateway.base_url,
-                                   api_key=session.key, model=gateway.model,
-                                   extra={k: v for k, v in row.items() if k != "prompt"})  # fmt: skip
+        self._run = run = AgentRun(
+            task=row.get("prompt", seed),
+            seed=str(seed),
+            base_url=gateway.base_url,
+            api_key=session.key,
+            model=gateway.model,
+            extra={k: v for k, v in row.items() if k != "prompt"},
+        )
         threading.Thread(target=self._main, args=(run, session), daemon=True, name="trl-env-agent").start()
         return self._next()
 
@@ -105,8 +117,16 @@ class AgentEnv:
         The program's return value (within ``settle_s``) is the episode's reward.
         """
         if self._pending is not None:
-            empty = Reply("", {"role": "assistant", "content": ""}, reasoning_field=None, finish_reason="length",
-                          token_ids=(), logprobs=(), tokens=(), prompt_tokens=0)  # fmt: skip
+            empty = Reply(
+                "",
+                {"role": "assistant", "content": ""},
+                reasoning_field=None,
+                finish_reason="length",
+                token_ids=(),
+                logprobs=(),
+                tokens=(),
+                prompt_tokens=0,
+            )
             self._pending.future.set_result(empty)
             self._pending = None
         self._close(reason)
@@ -232,8 +252,9 @@ class AgentEnvFactory:
 
     def __call__(self) -> AgentEnv:
         """A fresh episode."""
-        return AgentEnv(self.program, gateway=self.gateway, verify=self.verify, settle_s=self.settle_s,
-                        sampling=self.sampling)  # fmt: skip
+        return AgentEnv(
+            self.program, gateway=self.gateway, verify=self.verify, settle_s=self.settle_s, sampling=self.sampling
+        )
 
     def __repr__(self) -> str:
         name = getattr(self.program, "__qualname__", type(self.program).__name__)
@@ -254,9 +275,15 @@ class AgentEnvFactory:
         return (AgentEnvFactory, (self.program, self.gateway, self.verify, self.settle_s, self.sampling, self.tools))
 
 
-def agent_env_factory(program: AgentProgram, *, gateway: Gateway | None = None, verify: Verifier | None = None,
-                      settle_s: float = 30.0, sampling: SamplingMode = "trainer",
-                      tools: Sequence[Callable[..., Any] | Mapping[str, Any]] = ()) -> AgentEnvFactory:  # fmt: skip
+def agent_env_factory(
+    program: AgentProgram,
+    *,
+    gateway: Gateway | None = None,
+    verify: Verifier | None = None,
+    settle_s: float = 30.0,
+    sampling: SamplingMode = "trainer",
+    tools: Sequence[Callable[..., Any] | Mapping[str, Any]] = (),
+) -> AgentEnvFactory:
     """An ``env_factory`` running ``program`` once per episode, for ``make_rollout_func`` / ``batch_rollout``.
 
     Use it with ``history="deployed"``. Calls go through ``gateway`` (default: the process's, started on first use).

@@ -97,8 +97,12 @@ class Session:
         """
         with self.changed:
             if self.ended is not None:
-                raise WireError(409, f"this episode has ended ({self.ended}); no further model calls are taken",
-                                type="invalid_request_error", code="episode_ended")  # fmt: skip
+                raise WireError(
+                    409,
+                    f"this episode has ended ({self.ended}); no further model calls are taken",
+                    type="invalid_request_error",
+                    code="episode_ended",
+                )
             pending = Pending(call)
             self.calls.append(pending)
             self.changed.notify_all()
@@ -148,8 +152,15 @@ so a client never reuses a connection the gateway is closing (a call lost with '
 class Gateway:
     """The OpenAI-compatible endpoint; ``open()`` a session per episode, ``close()`` it when the episode ends."""
 
-    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, model: str = "trl-env-policy",
-                 max_body: int = MAX_BODY, read_timeout_s: float = 30.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        model: str = "trl-env-policy",
+        max_body: int = MAX_BODY,
+        read_timeout_s: float = 30.0,
+    ) -> None:
         """Bind ``host:port`` (0: an ephemeral port) and start serving in a daemon thread.
 
         Raises:
@@ -172,11 +183,19 @@ class Gateway:
         self.host, self.port = host, self._sock.getsockname()[1]
         with _local_lock:
             _local[self.base_url] = self
-        config = uvicorn.Config(self._app(), log_level="warning", timeout_keep_alive=_KEEP_ALIVE_S, backlog=4096,
-                                access_log=False, lifespan="off", http=_protocol(read_timeout_s))  # fmt: skip
+        config = uvicorn.Config(
+            self._app(),
+            log_level="warning",
+            timeout_keep_alive=_KEEP_ALIVE_S,
+            backlog=4096,
+            access_log=False,
+            lifespan="off",
+            http=_protocol(read_timeout_s),
+        )
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True,
-                                        name="trl-env-gateway")  # fmt: skip
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True, name="trl-env-gateway"
+        )
         self._thread.start()
         deadline = time.monotonic() + 30
         while not self._server.started and self._thread.is_alive() and time.monotonic() < deadline:
@@ -234,14 +253,16 @@ class Gateway:
         """
         session = self._session(authorization)
         if len(body) > self.max_body:
-            raise WireError(413, f"the request body has {len(body)} bytes; the limit is {self.max_body}",
-                            code="request_too_large")  # fmt: skip
+            raise WireError(
+                413, f"the request body has {len(body)} bytes; the limit is {self.max_body}", code="request_too_large"
+            )
         return session, DIALECTS[dialect].parse(body, session.memory)
 
     def answer(self, session: Session, call: ChatCall, reply: Reply) -> bytes:
         """The answer's body in the call's dialect (with ``call.stream`` its SSE events)."""
-        return DIALECTS[call.dialect].answer(reply, call, model=self.model, call_ids=session.call_ids(),
-                                             memory=session.memory)  # fmt: skip
+        return DIALECTS[call.dialect].answer(
+            reply, call, model=self.model, call_ids=session.call_ids(), memory=session.memory
+        )
 
     def models(self, authorization: str) -> dict[str, Any]:
         """The ``GET /v1/models`` body: the one model name the gateway reports.
@@ -271,17 +292,23 @@ class Gateway:
         if session is not None:
             return session
         if reason is not None:
-            raise WireError(409, f"this episode has ended ({reason}); no further model calls are taken",
-                            code="episode_ended")  # fmt: skip
+            raise WireError(
+                409, f"this episode has ended ({reason}); no further model calls are taken", code="episode_ended"
+            )
         what = "no API key" if not key else "an unknown API key"
-        raise WireError(401, f"{what}: send the episode's key as 'Authorization: Bearer <key>' (AgentRun.api_key)",
-                        type="authentication_error", code="invalid_api_key")  # fmt: skip
+        raise WireError(
+            401,
+            f"{what}: send the episode's key as 'Authorization: Bearer <key>' (AgentRun.api_key)",
+            type="authentication_error",
+            code="invalid_api_key",
+        )
 
     async def _body(self, request: Any) -> bytes:
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body:
-            raise WireError(413, f"the request body has {length} bytes; the limit is {self.max_body}",
-                            code="request_too_large")  # fmt: skip
+            raise WireError(
+                413, f"the request body has {length} bytes; the limit is {self.max_body}", code="request_too_large"
+            )
 
         async def read() -> bytes:
             chunks, size = [], 0
@@ -295,8 +322,9 @@ class Gateway:
         try:
             return await asyncio.wait_for(read(), self.read_timeout_s)
         except asyncio.TimeoutError:
-            raise WireError(408, f"the request body did not arrive within {self.read_timeout_s} s",
-                            code="request_timeout") from None  # fmt: skip
+            raise WireError(
+                408, f"the request body did not arrive within {self.read_timeout_s} s", code="request_timeout"
+            ) from None
 
     def _route(self, dialect: Dialect) -> Any:
         """The endpoint of one dialect: the same keys, limits and turns for all (agents/dialects.py)."""

@@ -116,24 +116,30 @@ def _take(gateway: Gateway, request: Any, body: bytes, http: Any) -> tuple[Sessi
             return session, call, session.submit(call)
         if path.endswith("/v1/models") and method == "GET":
             models = gateway.models(chat.authorization(request.headers))
-            return http.Response(200, content=json.dumps(models).encode(),
-                                  headers={"content-type": "application/json"})  # fmt: skip
+            return http.Response(200, content=json.dumps(models).encode(), headers={"content-type": "application/json"})
         routes = ", ".join(f"POST {d.path}" for d in DIALECTS.values())
-        return _error(WireError(404, f"{method} {path}: the gateway serves {routes} and GET /v1/models",
-                                code="not_found"), dialect or chat, http)  # fmt: skip
+        return _error(
+            WireError(404, f"{method} {path}: the gateway serves {routes} and GET /v1/models", code="not_found"),
+            dialect or chat,
+            http,
+        )
     except WireError as e:
         return _error(e, dialect or chat, http)
 
 
 def _answer(gateway: Gateway, session: Session, call: ChatCall, reply: Reply, http: Any) -> Any:
-    headers = {"content-type": "text/event-stream", **STREAM_HEADERS} if call.stream else {
-        "content-type": "application/json"}  # fmt: skip
+    headers = (
+        {"content-type": "text/event-stream", **STREAM_HEADERS} if call.stream else {"content-type": "application/json"}
+    )
     return http.Response(200, content=gateway.answer(session, call, reply), headers=headers)
 
 
 def _error(error: WireError, dialect: Dialect, http: Any) -> Any:
-    return http.Response(error.status, content=json.dumps(dialect.error_body(error)).encode(),
-                          headers={"content-type": "application/json"})  # fmt: skip
+    return http.Response(
+        error.status,
+        content=json.dumps(dialect.error_body(error)).encode(),
+        headers={"content-type": "application/json"},
+    )
 
 
 def _read_timeout(request: Any) -> float | None:

@@ -43,8 +43,15 @@ trainer's setting (on-policy) unless ``agent_env_factory(sampling="agent")`` hon
 class WireError(TrlEnvError, ValueError):
     """A request the gateway refuses; ``status`` and OpenAI's error fields (``type``, ``param``, ``code``)."""
 
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
 
@@ -208,9 +215,13 @@ def answer_body(reply: Reply, call: ChatCall, *, id: str, created: int, model: s
         deltas.append({"content": message["content"]})
     for i, c in enumerate(message.get("tool_calls") or ()):
         deltas.append({"tool_calls": [{"index": i, **c}]})
-    chunks = [{**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None,
-                                    "logprobs": logprobs if k == 0 else None}]}
-              for k, delta in enumerate(deltas)]  # fmt: skip
+    chunks = [
+        {
+            **head,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": None, "logprobs": logprobs if k == 0 else None}],
+        }
+        for k, delta in enumerate(deltas)
+    ]
     chunks.append({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": finish_reason(reply)}]})
     chunks.append({**head, "choices": [], "usage": _usage(reply)})
     return b"".join(b"data: " + dumps(chunk) + b"\n\n" for chunk in chunks) + b"data: [DONE]\n\n"
@@ -263,5 +274,8 @@ def check_tool_results(messages: list[dict[str, Any]], param: str) -> None:
         if m.get("role") == "assistant":
             made.update(c.get("id") for c in m.get("tool_calls") or ())
         elif m.get("role") == "tool" and m.get("tool_call_id") not in made:
-            raise _bad(f"a tool result for call id {m.get('tool_call_id')!r}, which no earlier assistant turn of "
-                       "this conversation made", param)  # fmt: skip
+            raise _bad(
+                f"a tool result for call id {m.get('tool_call_id')!r}, which no earlier assistant turn of "
+                "this conversation made",
+                param,
+            )

@@ -191,13 +191,18 @@ class Incremental:
     def _probe_tools(self) -> bool:
         assert self.tool_turn is not None
         try:
-            for head in ([{"role": "user", "content": "Start."}],
-                         [{"role": "system", "content": "Play."}, {"role": "user", "content": "Start."}]):  # fmt: skip
+            for head in (
+                [{"role": "user", "content": "Start."}],
+                [{"role": "system", "content": "Play."}, {"role": "user", "content": "Start."}],
+            ):
                 conversation = Conversation(list(head), self.render(head, True), head=len(head))
                 for k in range(3):
                     if k == 1:  # a plain turn between (rendered whole: only the tool turns are checked)
-                        messages = [*conversation.messages, {"role": "assistant", "content": "Answer 1."},
-                                    {"role": "user", "content": "Hint 1."}]  # fmt: skip
+                        messages = [
+                            *conversation.messages,
+                            {"role": "assistant", "content": "Answer 1."},
+                            {"role": "user", "content": "Hint 1."},
+                        ]
                         text = self.render(messages, True)
                     else:
                         new = self.tool_turn(k)
@@ -217,8 +222,10 @@ class Incremental:
             return {"role": "assistant", "content": f"Answer {k}."}
 
         try:
-            for head in ([{"role": "user", "content": "Start."}],
-                         [{"role": "system", "content": "Play."}, {"role": "user", "content": "Start."}]):  # fmt: skip
+            for head in (
+                [{"role": "user", "content": "Start."}],
+                [{"role": "system", "content": "Play."}, {"role": "user", "content": "Start."}],
+            ):
                 conversation = Conversation(list(head), self.render(head, True), head=len(head))
                 for k in range(5):
                     new = [reply(k), {"role": "user", "content": f"Hint {k}." if k % 4 else f"\n Hint {k} \n"}]
@@ -373,8 +380,10 @@ class Incremental:
         ids = previous.ids[:count] if previous is not None else []  # the one copy of the kept ids
         cut = chars
         if self.added is not None:
-            cut = next((m.end() for m in reversed(list(self.added.finditer(text, chars, stable)))
-                        if self.clean(m.group())), chars)  # fmt: skip
+            cut = next(
+                (m.end() for m in reversed(list(self.added.finditer(text, chars, stable))) if self.clean(m.group())),
+                chars,
+            )
         head = self.encode(text[chars:cut]) if cut > chars else []
         rest = text[cut:]  # after the cut: most often the same text every turn (``\n`` and the generation prompt)
         rests = self.verdicts.rests

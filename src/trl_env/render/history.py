@@ -335,10 +335,9 @@ class DeployedHistory:
                 continue
             tried.append(cuts)
             marked = [
-                dict(m, content=m["content"][: cuts[i]] + MARK.format(i) + m["content"][cuts[i] :]) if i in cuts
-                else m
+                dict(m, content=m["content"][: cuts[i]] + MARK.format(i) + m["content"][cuts[i] :]) if i in cuts else m
                 for i, m in enumerate(messages)
-            ]  # fmt: skip
+            ]
             pieces = locate(_render(self.tokenizer, marked, kwargs), rendered, messages, cuts)
             if pieces is not None:
                 return list(self.text.segments(pieces))

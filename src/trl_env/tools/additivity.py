@@ -242,8 +242,9 @@ class _Replay:
             text, ids = text + segment, ids + segment_ids
         return text, ids
 
-    def compare(self, c: int, turn: int, segments: list[str], messages: list[dict[str, str]], text: str,
-                ids: list[int]) -> None:  # fmt: skip
+    def compare(
+        self, c: int, turn: int, segments: list[str], messages: list[dict[str, str]], text: str, ids: list[int]
+    ) -> None:
         """Compare the history with the template's rendering: ids, text, and the newest increment."""
         reference = render(self.tokenizer, messages, self.template_kwargs)
         reference_ids = self.encode(reference)
@@ -299,8 +300,14 @@ def check_rollout(
     if ids == reference:
         return None
     i = first_difference(ids, reference)
-    return Mismatch("history", 0, (len(messages) - 1 - (system is not None)) // 2 + 1, i,
-                    _pieces(tokenizer, ids, i), _pieces(tokenizer, reference, i))  # fmt: skip
+    return Mismatch(
+        "history",
+        0,
+        (len(messages) - 1 - (system is not None)) // 2 + 1,
+        i,
+        _pieces(tokenizer, ids, i),
+        _pieces(tokenizer, reference, i),
+    )
 
 
 class RolloutCheck:

@@ -64,8 +64,10 @@ def additivity(args: argparse.Namespace) -> int:
             print(report.summary())
     if args.offline:
         print(f"{args.n} conversations per row, seed {args.seed}; rates per join / per turn prompt")
-        print("| tokenizer | processor | env join mismatch | reply join mismatch | history drift (ids) | text drift | "
-              "increment mismatch |")  # fmt: skip
+        print(
+            "| tokenizer | processor | env join mismatch | reply join mismatch | history drift (ids) | text drift | "
+            "increment mismatch |"
+        )
         print("| --- | --- | --- | --- | --- | --- | --- |")
         for tokenizer_name, processor_name, r in rows:
             print(
@@ -108,14 +110,27 @@ def evaluate_command(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"trl-env eval: {e}", file=sys.stderr)
         return 2
-    budgets = Budgets(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
-                      max_completion_tokens=args.max_completion_tokens,
-                      max_context=generator.context_limit)  # fmt: skip
-    summary, rollouts = evaluate(seeds, env_factory, processor, tokenizer, generator, budgets=budgets,
-                          parse_truncated_turns=args.parse_truncated_turns, out_dir=args.out,
-                          success_threshold=args.success_threshold, env_workers=args.env_workers,
-                          env_timeout=args.env_timeout, history=args.history,
-                          template_kwargs=template_kwargs)  # fmt: skip
+    budgets = Budgets(
+        max_turns=args.max_turns,
+        max_new_tokens=args.max_new_tokens,
+        max_completion_tokens=args.max_completion_tokens,
+        max_context=generator.context_limit,
+    )
+    summary, rollouts = evaluate(
+        seeds,
+        env_factory,
+        processor,
+        tokenizer,
+        generator,
+        budgets=budgets,
+        parse_truncated_turns=args.parse_truncated_turns,
+        out_dir=args.out,
+        success_threshold=args.success_threshold,
+        env_workers=args.env_workers,
+        env_timeout=args.env_timeout,
+        history=args.history,
+        template_kwargs=template_kwargs,
+    )
     print(summary.table())
     FailureLog(stop_on_config_failure=False, say=lambda said: print(said, file=sys.stderr))(rollouts)
     if seat_table(rollouts):
@@ -155,8 +170,9 @@ def processor_from_args(args: argparse.Namespace, tokenizer: Any) -> Any:
 
     if args.processor == "auto":
         kwargs = _template_kwargs(getattr(args, "template_kwargs", None))
-        processor = from_tokenizer(tokenizer, system_prompt=args.system_prompt, **({"template_kwargs": kwargs} if kwargs
-                                   else {}))  # fmt: skip
+        processor = from_tokenizer(
+            tokenizer, system_prompt=args.system_prompt, **({"template_kwargs": kwargs} if kwargs else {})
+        )
     else:
         processor = get_processor(args.processor, system_prompt=args.system_prompt)
     if args.action_tags:

@@ -74,11 +74,21 @@ def write_markdown(path: str | os.PathLike[str], rollouts: Sequence[Rollout], *,
     lines = ["# Transcripts", ""]
     for i, r in enumerate(rollouts[:limit]):
         seat = f", game {r.info['game']}, seat {r.info['seat']}" if "seat" in r.info else ""
-        lines += [f"## Episode {i}: seed `{r.seed}`{seat}", "", f"ending **{r.ending.value}**, reward **{r.reward}**",
-                  ""]  # fmt: skip
+        lines += [
+            f"## Episode {i}: seed `{r.seed}`{seat}",
+            "",
+            f"ending **{r.ending.value}**, reward **{r.reward}**",
+            "",
+        ]
         for k, turn in enumerate(r.turns, 1):
-            lines += [f"**turn {k} · model** ({turn.num_model_tokens} tokens, {turn.finish_reason.value})", "",
-                      "```text", turn.text, "```", ""]  # fmt: skip
+            lines += [
+                f"**turn {k} · model** ({turn.num_model_tokens} tokens, {turn.finish_reason.value})",
+                "",
+                "```text",
+                turn.text,
+                "```",
+                "",
+            ]
             if turn.delta is not None:
                 lines += [f"**turn {k} · env** (reward {turn.reward})", "", "```text", turn.delta, "```", ""]
         if r.error:
@@ -123,8 +133,10 @@ def load_env_factory(spec: str, option: str = "--env") -> Callable[[], Env]:
         try:
             module = importlib.import_module(target)
         except ModuleNotFoundError as e:
-            raise ConfigError(f"{option} {spec!r}: no module {target!r} ({e}); give 'module.path:Name' of an "
-                              "importable module, or 'path/to/file.py:Name'.") from e  # fmt: skip
+            raise ConfigError(
+                f"{option} {spec!r}: no module {target!r} ({e}); give 'module.path:Name' of an "
+                "importable module, or 'path/to/file.py:Name'."
+            ) from e
     factory = getattr(module, name, None)
     if not callable(factory):
         raise ConfigError(f"{option} {spec!r}: {target} has no callable {name!r}.")
@@ -166,10 +178,19 @@ def evaluate(
     started = time.perf_counter()
     try:
         rollouts = run(
-            seeds, env_factory, processor, tokenizer, generator, budgets=budgets,  # type: ignore[arg-type]  # by type
-            parse_truncated_turns=parse_truncated_turns, on_episode_end=lambda _: bar.update(1),
-            env_workers=env_workers, env_timeout=env_timeout, history=history, template_kwargs=template_kwargs,
-        )  # fmt: skip
+            seeds,
+            env_factory,  # type: ignore[arg-type]  # play_seats takes the Seating, batch_rollout the factory
+            processor,
+            tokenizer,
+            generator,
+            budgets=budgets,
+            parse_truncated_turns=parse_truncated_turns,
+            on_episode_end=lambda _: bar.update(1),
+            env_workers=env_workers,
+            env_timeout=env_timeout,
+            history=history,
+            template_kwargs=template_kwargs,
+        )
     finally:
         bar.close()
     summary = summarize(rollouts, wall_s=time.perf_counter() - started, success_threshold=success_threshold)

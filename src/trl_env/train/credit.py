@@ -251,12 +251,16 @@ def estimate(estimator: CreditEstimator, credits: Sequence[EpisodeCredit]) -> li
     """
     advantages = list(estimator(credits))
     if len(advantages) != len(credits):
-        raise ConfigError(f"the credit estimator gave advantages for {len(advantages)} episodes of a group of "
-                          f"{len(credits)}: one list per episode (None for a failed one).")  # fmt: skip
+        raise ConfigError(
+            f"the credit estimator gave advantages for {len(advantages)} episodes of a group of "
+            f"{len(credits)}: one list per episode (None for a failed one)."
+        )
     for e, a in zip(credits, advantages, strict=True):
         if a is not None and len(a) != len(e.turn_rewards):
-            raise ConfigError(f"the credit estimator gave {len(a)} advantages for {len(e.turn_rewards)} turns: one "
-                              "per turn of each episode (None for a failed one).")  # fmt: skip
+            raise ConfigError(
+                f"the credit estimator gave {len(a)} advantages for {len(e.turn_rewards)} turns: one "
+                "per turn of each episode (None for a failed one)."
+            )
     return advantages
 
 

@@ -181,8 +181,12 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
         self._max_micro_batch_tokens = max_micro_batch_tokens
         self._bounded_rows = isinstance(func, RolloutFunction) and func.options.engine.history is not History.SAMPLED
         if self._bounded_rows:
-            check_micro_batches(config.steps_per_generation, config.gradient_accumulation_steps,
-                                max_micro_batch_tokens, loss_extras(self))  # fmt: skip
+            check_micro_batches(
+                config.steps_per_generation,
+                config.gradient_accumulation_steps,
+                max_micro_batch_tokens,
+                loss_extras(self),
+            )
         if credit != "episode":
             env_reward_columns(self.reward_funcs)  # a function named env_reward that is not trl_env's: refused now
             if self.multi_objective_aggregation != "sum_then_normalize":
@@ -241,8 +245,9 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
                 table[i, : len(values)] = torch.tensor(values, dtype=torch.float32)
             batch["advantages"] = table.to(batch["completion_ids"].device)
             # a row's logged advantage: the mean over its model tokens
-            row_advantages = torch.tensor([_mean_on(a, m) for a, m in zip(per_token, rows["env_mask"], strict=False)]
-                                          + [0.0] * pad)  # fmt: skip
+            row_advantages = torch.tensor(
+                [_mean_on(a, m) for a, m in zip(per_token, rows["env_mask"], strict=False)] + [0.0] * pad
+            )
         if self._bounded_rows:  # the micro-batches leave padding rows out of every denominator
             batch[REAL_ROW] = torch.tensor([e >= 0 for e in episode], device=batch["completion_ids"].device)
         batch.update(policy_logps(self, batch, mode))
@@ -348,9 +353,13 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
             return trl_prepare_inputs(self, generation_batch)
         trainer: Any = self  # TRL is untyped
         args = trainer.args
-        plan = functools.partial(plan_micro_steps, budget=self._max_micro_batch_tokens,
-                                 default_rows=args.per_device_train_batch_size,
-                                 gather=self.accelerator.gather, packed=self._packing)  # fmt: skip
+        plan = functools.partial(
+            plan_micro_steps,
+            budget=self._max_micro_batch_tokens,
+            default_rows=args.per_device_train_batch_size,
+            gather=self.accelerator.gather,
+            packed=self._packing,
+        )
         if not trainer.model.training:  # eval: one micro-step, no accumulation
             return plan(self._generate_and_score_completions(generation_batch), steps=1, accumulation=1)[0]
         steps, index = args.steps_per_generation, micro_step_index(self)
@@ -407,8 +416,12 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
         group = self.num_generations if mode == "train" else self.num_generations_eval
         assert group is not None, "TRL sets num_generations_eval (it defaults to num_generations)"
         advantages, _ = episode_advantages(
-            rewards_per_func, self.reward_weights, group, scale_rewards=self.scale_rewards,
-            aggregation=self.multi_objective_aggregation)  # fmt: skip
+            rewards_per_func,
+            self.reward_weights,
+            group,
+            scale_rewards=self.scale_rewards,
+            aggregation=self.multi_objective_aggregation,
+        )
         return advantages, rewards_per_func
 
     def _turn_credit(
@@ -434,8 +447,10 @@ class EpisodeGRPOTrainer(GRPOTrainer):  # type: ignore[misc]  # trl is untyped
         columns = env_reward_columns(self.reward_funcs)
         _check_env_reward_scores(rewards_per_func[local], columns, rollouts, self.reward_func_names)
         env_weight = float(sum(weights[i].item() for i in columns))
-        mine = [EpisodeCredit.from_rollout(r, total=t, env_weight=env_weight)
-                for r, t in zip(rollouts, totals[local].tolist(), strict=True)]  # fmt: skip
+        mine = [
+            EpisodeCredit.from_rollout(r, total=t, env_weight=env_weight)
+            for r, t in zip(rollouts, totals[local].tolist(), strict=True)
+        ]
         credits = gather_object(mine) if self.accelerator.num_processes > 1 else mine
         groups = [credits[g : g + group] for g in range(0, len(credits), group)]
         advantages = [estimate(estimator, g) for g in groups]

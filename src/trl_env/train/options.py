@@ -172,8 +172,12 @@ class RolloutOptions:
             ConfigError: for an unknown keyword, or one given both flat and inside its group.
         """
         merged: dict[str, Any] = {}
-        for name, group_type in (("limits", Limits), ("engine", EngineOptions), ("backend", BackendOptions),
-                                 ("logging", LoggingOptions)):  # fmt: skip
+        for name, group_type in (
+            ("limits", Limits),
+            ("engine", EngineOptions),
+            ("backend", BackendOptions),
+            ("logging", LoggingOptions),
+        ):
             names = {f.name for f in dataclasses.fields(group_type)}
             mine: dict[str, Any] = {k: v for k, v in flat.items() if k in names}
             given = groups.get(name)

@@ -142,8 +142,11 @@ def wrap_reward_calculation(trainer: Any, wrap: Callable[[RewardCalculation], Re
     why = None if internals_tested() else f"trl {installed_trl()} is not a tested version ({TESTED_TRL_VERSIONS})"
     why = why or reward_signature_error(type(trainer))
     if why is not None:
-        warnings.warn(f"trl_env: {why}: failed episodes are left out of TRL's reward statistics only by reward "
-                      "functions that return None for them (env_reward does).", stacklevel=2)  # fmt: skip
+        warnings.warn(
+            f"trl_env: {why}: failed episodes are left out of TRL's reward statistics only by reward "
+            "functions that return None for them (env_reward does).",
+            stacklevel=2,
+        )
         trainer._trl_env_excludes_failed = True  # warned once
         return
     trainer._calculate_rewards = wrap(calculate)

@@ -95,10 +95,16 @@ def run_group(worker: GroupWorker, group_id: int, seed: Any, claim: int) -> None
     started, version_at_start = time.time(), worker.model_version
     gen = _GroupGenerator(worker)
     rollouts = run_episodes(
-        [seed] * worker.num_generations, worker.env_factory, worker.processor, worker.tokenizer, gen,
-        worker.options.engine, worker.budgets, env_workers=min(worker.options.engine.env_workers,
-        worker.num_generations), on_episode_end=lambda _: worker._tick(),
-    )  # fmt: skip
+        [seed] * worker.num_generations,
+        worker.env_factory,
+        worker.processor,
+        worker.tokenizer,
+        gen,
+        worker.options.engine,
+        worker.budgets,
+        env_workers=min(worker.options.engine.env_workers, worker.num_generations),
+        on_episode_end=lambda _: worker._tick(),
+    )
     ended = time.time()
     worker._tick()
     fallback = gen.first_version if gen.first_version is not None else version_at_start
@@ -121,12 +127,14 @@ def run_group(worker: GroupWorker, group_id: int, seed: Any, claim: int) -> None
     pushed, dropped, waited, rows, rows_left = worker._push(episodes)
     stopped = len(episodes) - pushed - dropped  # stop() came while they waited for room in the buffer
     worker._buffer.release(rows_left)
-    metrics.update({
-        "rollout/pushed_total": float(pushed),
-        "rollout/dropped_stale_total": float(dropped),
-        "rollout/backpressure_s": waited,
-        "rollout/group_s": ended - started,
-    })  # fmt: skip
+    metrics.update(
+        {
+            "rollout/pushed_total": float(pushed),
+            "rollout/dropped_stale_total": float(dropped),
+            "rollout/backpressure_s": waited,
+            "rollout/group_s": ended - started,
+        }
+    )
     if worker.options.engine.history is History.DEPLOYED or worker.estimator is not None:
         metrics["rollout/rows_pushed_total"] = float(rows)
     worker._put_metrics(metrics)
@@ -229,9 +237,15 @@ def score_group(
         **credit,
     }
     with worker._lock:
-        for key, value in (("groups", 1), ("episodes", n), ("failed", sum(failed)), ("unscored", unscored),
-                           ("dropped_unscored", dropped_unscored), ("untrainable", untrainable),
-                           ("truncated_masked", masked)):  # fmt: skip
+        for key, value in (
+            ("groups", 1),
+            ("episodes", n),
+            ("failed", sum(failed)),
+            ("unscored", unscored),
+            ("dropped_unscored", dropped_unscored),
+            ("untrainable", untrainable),
+            ("truncated_masked", masked),
+        ):
             worker.counts[key] += value
     return samples, metrics
 

@@ -180,25 +180,29 @@ def turn_samples(
             start, end = span.model.start, span.model.stop
             shown.append({"role": "assistant", "content": turn.text})
             if any(t.trained[start:end]):  # a turn of no token has nothing to train
-                samples.append(_rollout_sample()(
-                    prompt=[{"role": "user", "content": str(r.seed)}],
-                    completion=list(shown),
-                    input_ids=np.asarray(row.prompt_ids + row.completion_ids[:end], dtype=np.int64),
-                    completion_mask=np.asarray(before + [0] * start + t.trained[start:end], dtype=np.int64),
-                    old_log_probs=np.asarray(before + [0] * start + row.logprobs[start:end], dtype=np.float32),
-                    advantage=float(t.advantages[start]),
-                    model_version=row_version[0],
-                    group_id=group_id,
-                    metrics={},
-                ))  # fmt: skip
+                samples.append(
+                    _rollout_sample()(
+                        prompt=[{"role": "user", "content": str(r.seed)}],
+                        completion=list(shown),
+                        input_ids=np.asarray(row.prompt_ids + row.completion_ids[:end], dtype=np.int64),
+                        completion_mask=np.asarray(before + [0] * start + t.trained[start:end], dtype=np.int64),
+                        old_log_probs=np.asarray(before + [0] * start + row.logprobs[start:end], dtype=np.float32),
+                        advantage=float(t.advantages[start]),
+                        model_version=row_version[0],
+                        group_id=group_id,
+                        metrics={},
+                    )
+                )
             if turn.delta:
                 shown.append({"role": "user", "content": turn.delta})
     if samples:
-        samples[-1].metrics.update({
-            "reward": math.nan if reward is None else float(reward),
-            "reward_std": reward_std,
-            "env/turns": float(len(r.turns)),
-        })  # fmt: skip
+        samples[-1].metrics.update(
+            {
+                "reward": math.nan if reward is None else float(reward),
+                "reward_std": reward_std,
+                "env/turns": float(len(r.turns)),
+            }
+        )
     return samples
 
 

@@ -144,11 +144,20 @@ class TrlEnvRolloutWorker:
     ) -> None:
         require_tested_trl("TrlEnvRolloutWorker")  # it builds TRL's experimental RolloutSample
         built, estimator = check_worker_args(
-            env_factory, processor, seeds, num_generations=num_generations, max_staleness=max_staleness,
-            max_completion_length=max_completion_length, max_inflight_groups=max_inflight_groups,
-            buffer_size=buffer_size, scale_rewards=scale_rewards, unscored=unscored, credit=credit,
-            groups={"limits": limits, "engine": engine, "logging": logging}, options=cast(FlatOptions, options),
-        )  # fmt: skip
+            env_factory,
+            processor,
+            seeds,
+            num_generations=num_generations,
+            max_staleness=max_staleness,
+            max_completion_length=max_completion_length,
+            max_inflight_groups=max_inflight_groups,
+            buffer_size=buffer_size,
+            scale_rewards=scale_rewards,
+            unscored=unscored,
+            credit=credit,
+            groups={"limits": limits, "engine": engine, "logging": logging},
+            options=cast(FlatOptions, options),
+        )
         if system_prompt is not None:
             processor = _with_system_prompt(processor, system_prompt)
         if built.engine.history is History.DEPLOYED:  # refused at once, not on the first group's thread
@@ -282,8 +291,11 @@ class TrlEnvRolloutWorker:
             thread.join(max(0.0, deadline - time.monotonic()))
         alive = [t.name for t in self._threads if t.is_alive()]
         if alive:
-            logger.warning("TrlEnvRolloutWorker.stop: %s still running after %.0f s (left as daemons, e.g. a hung env "
-                           "call)", ", ".join(alive), self.stop_timeout)  # fmt: skip
+            logger.warning(
+                "TrlEnvRolloutWorker.stop: %s still running after %.0f s (left as daemons, e.g. a hung env call)",
+                ", ".join(alive),
+                self.stop_timeout,
+            )
         if self._owns_generator and isinstance(self.generator, VLLMServerGenerator):
             self.generator.close()
 

@@ -63,12 +63,17 @@ def check_worker_args(
         )
     if isinstance(env_factory, Seating) and num_generations % len(env_factory.policy_seats):
         k = len(env_factory.policy_seats)
-        raise ConfigError(f"num_generations={num_generations} with a Seating of {k} policy seats: a group is "
-                          f"num_generations / {k} games; make num_generations a multiple of {k}.")  # fmt: skip
+        raise ConfigError(
+            f"num_generations={num_generations} with a Seating of {k} policy seats: a group is "
+            f"num_generations / {k} games; make num_generations a multiple of {k}."
+        )
     check_processor(processor)
-    for name, value, low in (("num_generations", num_generations, 1), ("max_staleness", max_staleness, 0),
-                             ("max_completion_length", max_completion_length, 1),
-                             ("max_inflight_groups", max_inflight_groups, 1)):  # fmt: skip
+    for name, value, low in (
+        ("num_generations", num_generations, 1),
+        ("max_staleness", max_staleness, 0),
+        ("max_completion_length", max_completion_length, 1),
+        ("max_inflight_groups", max_inflight_groups, 1),
+    ):
         if not isinstance(value, int) or value < low:
             raise ConfigError(f"{name}={value!r}: it must be an int >= {low}.")
     if buffer_size is not None and (not isinstance(buffer_size, int) or buffer_size < 1):
