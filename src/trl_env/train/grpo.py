@@ -213,8 +213,10 @@ class RolloutFunction:
         self._config_checked = False
         self.credit = credit
         """``make_rollout_func``'s ``credit=``, read by ``EpisodeGRPOTrainer`` (GRPOTrainer takes only "episode")."""
-        self._generators: weakref.WeakKeyDictionary[Any, Generator] = weakref.WeakKeyDictionary()
-        """One generator per trainer object, held no longer than the trainer (an ``id`` key could outlive it)."""
+        self._generators: dict[int, tuple[Callable[[], Any], Generator]] = {}
+        """One generator per live trainer object: by ``id``, with a reference to the trainer it was made for (weak where
+        the trainer takes one), checked on every look-up, so a new trainer at a dead one's address never gets its
+        generator."""
         self._template_check: RolloutCheck | None = None
         self.failures = FailureLog(stop_on_config_failure=options.engine.stop_on_config_failure)
         self.mask_truncated = False
@@ -315,9 +317,10 @@ class RolloutFunction:
 
     def _generator(self, trainer: Any) -> Generator:
         backend = self.options.backend
-        gen = self._generators.get(trainer)
-        if gen is None:
-            gen = self._generators[trainer] = _make_generator(backend.generator, trainer, backend.base_url)
+        made_for, gen = self._generators.get(id(trainer), (None, None))
+        if gen is None or made_for is None or made_for() is not trainer:
+            gen = _make_generator(backend.generator, trainer, backend.base_url)
+            self._generators[id(trainer)] = (_reference(trainer), gen)
         if backend.lora_sync is not None:
             if not isinstance(gen, VLLMServerGenerator):
                 raise ConfigError(f"lora_sync needs a vLLM server generator, got {type(gen).__name__}; pass base_url=.")
@@ -370,6 +373,14 @@ def _exclude_failed_from_rewards(trainer: Any) -> None:
         return calculate_rewards
 
     wrap_reward_calculation(trainer, excluding_failed)
+
+
+def _reference(obj: Any) -> Callable[[], Any]:
+    """A weak reference to ``obj``, or a strong one where it takes none (a stand-in trainer in tests)."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
 
 
 def _make_generator(
