@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import sys
 import urllib.request
 from pathlib import Path
@@ -254,7 +255,12 @@ def test_the_docs_offline_example_trains_as_written(vf_python, monkeypatch):
     monkeypatch.chdir(TESTS.parent)  # the block runs from the repository's root, as the page says
     monkeypatch.setattr(sys, "path", list(sys.path))  # the block puts experiment/examples on it
     namespace: dict = {}
-    exec(compile(block, "docs/verifiers.md", "exec"), namespace)  # python=".venv-verifiers/bin/python", relative
+    made = not (TESTS.parent / "out").exists()  # the block's output_dir="out": removed after, if this test made it
+    try:
+        exec(compile(block, "docs/verifiers.md", "exec"), namespace)  # python=".venv-verifiers/bin/python", relative
+    finally:
+        if made:
+            shutil.rmtree(TESTS.parent / "out", ignore_errors=True)
     trainer = namespace["trainer"]
     assert trainer.state.global_step == 2
     steps = [logs for logs in trainer.state.log_history if "env/ending_error_rate" in logs]
