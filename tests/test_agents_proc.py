@@ -24,7 +24,7 @@ _LAZY = (
 
 
 def test_an_unpickled_factory_has_imported_the_sdk_and_the_gateway_stack(tmp_path):
-    # isolation_child._zygote unpickles the factory once and forks every worker from there: what the unpickling
+    # isolation_child.zygote unpickles the factory once and forks every worker from there: what the unpickling
     # imports, each worker has (~1 s of CPU per worker otherwise: bench_agents --paths agent-proc)
     path = tmp_path / "factory.pkl"
     path.write_bytes(pickle.dumps(agent_env_factory(one_call_program)))

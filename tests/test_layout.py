@@ -40,20 +40,7 @@ LAYERS = {
 }  # fmt: skip
 """Each top-level module or package of trl_env -> its layer (the table above). A new one must be placed here."""
 
-ALLOWED_PRIVATE = {
-    # train/ (being reshaped by issue 43's train/ work): the async worker's pieces share private state and helpers
-    ("trl_env.train.async_grpo.groups", "trl_env.train.async_grpo.buffer._RolloutBuffer"),
-    ("trl_env.train.async_grpo.groups", "trl_env.train.async_grpo.samples._env_metrics"),
-    ("trl_env.train.async_grpo.worker", "trl_env.train.async_grpo.buffer._RolloutBuffer"),
-    ("trl_env.train.async_grpo.worker", "trl_env.train.async_grpo.samples._rollout_sample"),
-    ("trl_env.train.async_grpo.worker", "trl_env.train.grpo._seed_or_error"),
-    ("trl_env.train.async_grpo.worker", "trl_env.train.grpo._with_system_prompt"),
-    # rollout/isolation.py (being edited by another change): the zygote is isolation_child's entry point
-    ("trl_env.rollout.isolation", "trl_env.rollout.isolation_child._zygote"),
-    # adapters/textarena_seats.py: the textarena import and its lock, shared with textarena.py
-    ("trl_env.adapters.textarena_seats", "trl_env.adapters.textarena._LOCK"),
-    ("trl_env.adapters.textarena_seats", "trl_env.adapters.textarena._textarena"),
-}
+ALLOWED_PRIVATE: set[tuple[str, str]] = set()
 """(importing module, imported module.name) pairs still allowed to import a private name: shrink this list."""
 
 ALLOWED_UPWARD = {

@@ -32,11 +32,12 @@ from typing import Any
 from trl_env.env import Action, Delta, Seed, int_seed, json_safe
 from trl_env.errors import ConfigError
 
-_LOCK = threading.Lock()
+LOCK = threading.Lock()
 """Held by every call into TextArena: it seeds and draws from the global ``random``."""
 
 
-def _textarena() -> Any:
+def load_textarena() -> Any:
+    """The ``textarena`` module; a ``ConfigError`` naming the extra when it is not installed."""
     try:
         import textarena  # type: ignore[import-untyped,import-not-found,unused-ignore]
     except ImportError:
@@ -66,14 +67,14 @@ class TextArenaEnv:
         make_kwargs: Mapping[str, Any] | None = None,
         truncated_reward: float = 0.0,
     ) -> None:
-        textarena = _textarena()
+        textarena = load_textarena()
         if num_players > 1 and opponent is None:
             raise ConfigError(
                 f"TextArenaEnv({game!r}, num_players={num_players}): give opponent=(observation -> move) for seats "
                 "1.., e.g. a fixed policy or a script."
             )
         try:
-            with _LOCK:
+            with LOCK:
                 self.game = textarena.make(game, **dict(make_kwargs or {}))
         except Exception as e:  # noqa: BLE001  # textarena raises plain ValueError for an unknown id
             raise ConfigError(f"TextArenaEnv({game!r}): textarena.make failed ({e}); see textarena's registry.") from e
@@ -84,7 +85,7 @@ class TextArenaEnv:
 
     def reset(self, seed: Seed) -> tuple[TextArenaEnv, Delta]:
         """Start the game from ``int_seed(seed)``; play the other seats up to seat 0's first turn."""
-        with _LOCK:
+        with LOCK:
             self.game.reset(num_players=self.num_players, seed=int_seed(seed))
             done = self._play_others()
             text = self._new_text("")
@@ -94,7 +95,7 @@ class TextArenaEnv:
 
     def step(self, action: Action) -> tuple[TextArenaEnv, Delta]:
         """Play seat 0's move, then the other seats' until seat 0 is to move again or the game ends."""
-        with _LOCK:
+        with LOCK:
             done, _ = self.game.step(action)
             done = done or self._play_others()
             text = self._new_text(action)
@@ -127,7 +128,7 @@ class TextArenaEnv:
         return "\n".join(line for line in new.split("\n") if not (action and line.strip() == echo)).strip("\n")
 
     def _finish(self) -> None:
-        with _LOCK:
+        with LOCK:
             rewards, game_info = self.game.close()
         self.alive = False
         self.reward = float(rewards[0]) if rewards else 0.0

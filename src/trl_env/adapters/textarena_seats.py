@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from trl_env.adapters.textarena import _LOCK, _textarena
+from trl_env.adapters.textarena import LOCK, load_textarena
 from trl_env.env import Action, Delta, Seed, int_seed, json_safe
 from trl_env.errors import ConfigError
 
@@ -34,11 +34,11 @@ class TextArenaGame:
     """
 
     def __init__(self, game: str, *, num_players: int = 2, make_kwargs: Mapping[str, Any] | None = None) -> None:
-        textarena = _textarena()
+        textarena = load_textarena()
         if num_players < 2:
             raise ConfigError(f"TextArenaGame({game!r}, num_players={num_players}): use TextArenaEnv for one player.")
         try:
-            with _LOCK:
+            with LOCK:
                 self.game = textarena.make(game, **dict(make_kwargs or {}))
         except Exception as e:  # noqa: BLE001  # textarena raises plain ValueError for an unknown id
             raise ConfigError(f"TextArenaGame({game!r}): textarena.make failed ({e}); see textarena's registry.") from e
@@ -52,7 +52,7 @@ class TextArenaGame:
 
     def reset(self, seed: Seed) -> tuple[TextArenaGame, Delta]:
         """Start the game from ``int_seed(seed)``; return the observation of the seat to move."""
-        with _LOCK:
+        with LOCK:
             self.game.reset(num_players=self.seats, seed=int_seed(seed))
             self._random = random.getstate()
             return self, self._turn()
@@ -60,7 +60,7 @@ class TextArenaGame:
     def step(self, action: Action) -> tuple[TextArenaGame, Delta]:
         """Play the action of the seat to move; return the next seat's observation (or the closing text)."""
         self._moved[self.seat] = action
-        with _LOCK:
+        with LOCK:
             random.setstate(self._random)
             done, _ = self.game.step(action)
             self._random = random.getstate()

@@ -42,7 +42,7 @@ from typing import Any
 
 from trl_env.env import Action, Closable, Delta, Env, Seed, Truncatable
 from trl_env.errors import ConfigError, EnvError
-from trl_env.rollout.isolation_child import _zygote
+from trl_env.rollout.isolation_child import zygote
 
 
 def serialized(env_factory: Callable[[], Env]) -> Callable[[], Env]:
@@ -126,7 +126,7 @@ class _Pool:
     def __init__(self, env_factory: Callable[[], Env], pool_size: int, memory_mb: int | None) -> None:
         self.env_factory, self.pool_size, self.memory_mb = env_factory, pool_size, memory_mb
         self._idle: list[_Worker] = []
-        self._zygote: _Zygote | None = None
+        self.zygote: _Zygote | None = None
         self._load_error: str | None = None  # the env's code did not load in a new process: it never will
         self._lock = threading.Lock()
 
@@ -135,13 +135,13 @@ class _Pool:
             if self._load_error is not None:
                 raise EnvError(self._load_error)
             worker = self._idle.pop() if self._idle else None
-            if self._zygote is None or not self._zygote.alive():
+            if self.zygote is None or not self.zygote.alive():
                 try:
-                    self._zygote = _Zygote(self.env_factory, self.memory_mb)
+                    self.zygote = _Zygote(self.env_factory, self.memory_mb)
                 except EnvError as e:
                     self._load_error = str(e)
                     raise
-            zygote = self._zygote
+            zygote = self.zygote
         if worker is not None and not worker.alive():
             worker.stop()  # died idle: clean its directories up
             worker = None
@@ -175,7 +175,7 @@ class _Zygote:
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()  # a Unix socket pair: it also carries the workers' pipe ends
         self.process = context.Process(  # the factory goes pickled: the zygote reports if it cannot load it
-            target=_zygote, args=(child, pickle.dumps(env_factory), memory_mb), name="trl-env-env-zygote", daemon=True
+            target=zygote, args=(child, pickle.dumps(env_factory), memory_mb), name="trl-env-env-zygote", daemon=True
         )
         self.process.start()
         child.close()

@@ -1,4 +1,4 @@
-"""The processes ``isolated`` starts, from the inside: the zygote's loop (``_zygote``) and each worker's (``_serve``).
+"""The processes ``isolated`` starts, from the inside: the zygote's loop (``zygote``) and each worker's (``_serve``).
 
 The zygote is spawned by ``trl_env.rollout.isolation._Zygote``; it forks the workers, each of which serves one env at a
 time in a fresh working directory.
@@ -23,7 +23,7 @@ from typing import Any
 from trl_env.env import Env, Truncatable, json_safe
 
 
-def _zygote(conn: Connection, factory: bytes, memory_mb: int | None) -> None:
+def zygote(conn: Connection, factory: bytes, memory_mb: int | None) -> None:
     """Load the env factory (say ``None``, or why not); then fork a worker, or say how one ended, on request.
 
     On the trainer's death (its end of the pipe closes: also by ``os._exit`` or SIGKILL, when no clean-up of its own

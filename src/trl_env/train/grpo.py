@@ -100,7 +100,7 @@ def prompt_to_seed(prompt: object) -> Seed:
     )
 
 
-def _seed_or_error(prompt: object) -> Seed | BaseException:
+def seed_or_error(prompt: object) -> Seed | BaseException:
     """A bad dataset row fails only its own episode (``prompt_error``), not the batch."""
     try:
         return prompt_to_seed(prompt)
@@ -167,7 +167,7 @@ def make_rollout_func(
     check_processor(processor)
     credit_estimator(credit, "group")  # a bad value fails here, not at the first step
     if system_prompt is not None:
-        processor = _with_system_prompt(processor, system_prompt)
+        processor = with_system_prompt(processor, system_prompt)
     groups = {"limits": limits, "engine": engine, "backend": backend, "logging": logging}
     built = RolloutOptions.build(groups, options)
     check_executor(env_factory, built.engine.env_executor)
@@ -183,7 +183,8 @@ def _declared_tools(env_factory: Any) -> tuple[dict[str, Any], ...]:
     return env_factory.tools if agents is not None and isinstance(env_factory, agents.AgentEnvFactory) else ()
 
 
-def _with_system_prompt(processor: Processor, system_prompt: str) -> Processor:
+def with_system_prompt(processor: Processor, system_prompt: str) -> Processor:
+    """``processor`` with its ``system_prompt`` field replaced; a ``ConfigError`` where it has none."""
     fields: set[str] = set()
     if dataclasses.is_dataclass(processor):
         fields = {f.name for f in dataclasses.fields(processor)}
@@ -261,7 +262,7 @@ class RolloutFunction:
             self.check_config(tokenizer, trainer.args.max_completion_length, gen.context_limit)
         with gen.session():  # e.g. wake a sleeping colocated vLLM
             budgets = self.options.limits.budgets(trainer.args.max_completion_length, gen.context_limit)
-            seeds = [_seed_or_error(p) for p in prompts]
+            seeds = [seed_or_error(p) for p in prompts]
             rollouts = run_episodes(seeds, self.env_factory, self.processor, tokenizer, gen, engine, budgets)
         log_metrics(trainer, rollouts)
         self.failures(rollouts, step=int(getattr(getattr(trainer, "state", None), "global_step", 0)) + 1)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 
-class _RolloutBuffer(queue.Queue):  # type: ignore[type-arg]  # of RolloutSample
+class RolloutBuffer(queue.Queue):  # type: ignore[type-arg]  # of RolloutSample
     """A bounded ``queue.Queue`` whose producer checks staleness under the queue's lock, and the admission rule.
 
     ``update_model_version`` changes the version and then calls ``evict``; ``put_fresh`` decides and

@@ -25,12 +25,12 @@ from trl_env.render.processors.base import Processor
 from trl_env.rollout import Budgets, Ending, History, Rollout
 from trl_env.rollout.records import Turn
 from trl_env.seats import Seating
-from trl_env.train.async_grpo.buffer import _RolloutBuffer
+from trl_env.train.async_grpo.buffer import RolloutBuffer
 from trl_env.train.async_grpo.samples import (
     GroupRecord,
     ScaleRewards,
     Unscored,
-    _env_metrics,
+    env_metrics,
     episode_samples,
     group_advantages,
     group_credit_metrics,
@@ -71,7 +71,7 @@ class GroupWorker(Protocol):
     _push_lock: threading.Lock
     _stopping: threading.Event
     _pending: set[Future[Generation]]
-    _buffer: _RolloutBuffer
+    _buffer: RolloutBuffer
     _policy_re: re.Pattern[str] | None
 
     def _tick(self) -> None: ...
@@ -138,7 +138,7 @@ def run_group(worker: GroupWorker, group_id: int, seed: Any, claim: int) -> None
     if worker.options.engine.history is History.DEPLOYED or worker.estimator is not None:
         metrics["rollout/rows_pushed_total"] = float(rows)
     worker._put_metrics(metrics)
-    worker._put_metrics({k: (v, 1.0) for k, v in _env_metrics(rollouts).items()})
+    worker._put_metrics({k: (v, 1.0) for k, v in env_metrics(rollouts).items()})
     with worker._lock:
         worker.counts["pushed"] += pushed
         worker.counts["rows"] += rows

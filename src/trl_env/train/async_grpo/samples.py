@@ -60,7 +60,7 @@ class GroupRecord:
 
 
 @functools.cache
-def _rollout_sample() -> type[RolloutSample]:
+def rollout_sample() -> type[RolloutSample]:
     """TRL's ``RolloutSample`` (importing ``trl.experimental.async_grpo`` takes seconds: done once, in ``__init__``)."""
     return rollout_sample_type()
 
@@ -118,7 +118,7 @@ def row_sample(
         completion.append({"role": "assistant", "content": turn.text})
         if turn.delta:
             completion.append({"role": "user", "content": turn.delta})
-    return _rollout_sample()(
+    return rollout_sample()(
         prompt=[{"role": "user", "content": str(seed)}],
         completion=completion,
         input_ids=np.asarray(row.prompt_ids + row.completion_ids, dtype=np.int64),
@@ -181,7 +181,7 @@ def turn_samples(
             shown.append({"role": "assistant", "content": turn.text})
             if any(t.trained[start:end]):  # a turn of no token has nothing to train
                 samples.append(
-                    _rollout_sample()(
+                    rollout_sample()(
                         prompt=[{"role": "user", "content": str(r.seed)}],
                         completion=list(shown),
                         input_ids=np.asarray(row.prompt_ids + row.completion_ids[:end], dtype=np.int64),
@@ -244,7 +244,7 @@ class _MetricsSink:
         self.model = dataclasses.make_dataclass("M", [("training", bool, True)])()
 
 
-def _env_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
+def env_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
     """The sync path's ``env/*`` statistics (``trl_env.train.metrics``) for one group."""
     sink = _MetricsSink()
     log_metrics(sink, rollouts)

@@ -28,9 +28,9 @@ from trl_env.rollout import History, Rollout
 from trl_env.rollout.isolation import isolated
 from trl_env.rollout.transcripts import write_transcripts
 from trl_env.seats import Seating
-from trl_env.train.async_grpo.buffer import _RolloutBuffer
+from trl_env.train.async_grpo.buffer import RolloutBuffer
 from trl_env.train.async_grpo.groups import push_group, run_group, score_group, settle_future
-from trl_env.train.async_grpo.samples import GroupRecord, ScaleRewards, Unscored, _rollout_sample
+from trl_env.train.async_grpo.samples import GroupRecord, ScaleRewards, Unscored, rollout_sample
 from trl_env.train.async_grpo.worker_options import (
     LORA_NAME,
     WorkerOptions,
@@ -38,7 +38,7 @@ from trl_env.train.async_grpo.worker_options import (
     check_worker_args,
 )
 from trl_env.train.credit import CreditEstimator
-from trl_env.train.grpo import _seed_or_error, _with_system_prompt
+from trl_env.train.grpo import seed_or_error, with_system_prompt
 from trl_env.train.options import EngineOptions, FlatOptions, Limits, LoggingOptions
 from trl_env.train.trl_internals import require_tested_trl
 
@@ -159,7 +159,7 @@ class TrlEnvRolloutWorker:
             options=cast(FlatOptions, options),
         )
         if system_prompt is not None:
-            processor = _with_system_prompt(processor, system_prompt)
+            processor = with_system_prompt(processor, system_prompt)
         if built.engine.history is History.DEPLOYED:  # refused at once, not on the first group's thread
             DeployedHistory.check(processor, tokenizer, None, built.engine.template_kwargs)
         if built.engine.env_executor == "process" and not isinstance(env_factory, Seating):  # Seating: refused
@@ -180,8 +180,8 @@ class TrlEnvRolloutWorker:
         self._named: Any = self.generator if self._owns_generator else generator
         """The object whose ``model`` field names the policy of each request (not a minimal generator's wrapper)."""
         self.env_factory, self.processor, self.tokenizer = env_factory, processor, tokenizer
-        _rollout_sample()  # import TRL's async module now, not on the first group's thread
-        self.seeds = [_seed_or_error(p) for p in seeds]
+        rollout_sample()  # import TRL's async module now, not on the first group's thread
+        self.seeds = [seed_or_error(p) for p in seeds]
         self.num_generations, self.max_staleness = num_generations, max_staleness
         self.max_inflight_groups, self.lora_name = max_inflight_groups, lora_name
         self.scale_rewards, self.unscored, self.mask_truncated = scale_rewards, unscored, mask_truncated
@@ -192,7 +192,7 @@ class TrlEnvRolloutWorker:
         self._policy_re = re.compile(rf"^{re.escape(lora_name)}-v(\d+)$") if lora_name else None
 
         self.buffer_size = buffer_size or max_inflight_groups * num_generations
-        self._buffer = _RolloutBuffer(maxsize=self.buffer_size, rows_per_version=self.buffer_size)
+        self._buffer = RolloutBuffer(maxsize=self.buffer_size, rows_per_version=self.buffer_size)
         self.rollout_buffer: queue.Queue[Any] | MPQueue[Any] = self._buffer
         """What the trainer reads: ``RolloutSample``s, a group's rows one after the other."""
         self.metrics_queue: queue.Queue[Any] | MPQueue[Any] = queue.Queue(maxsize=4096)
