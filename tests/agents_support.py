@@ -210,3 +210,21 @@ async def pydantic_ai_program(run):
     adder = Agent(model, instructions="You add.", tools=[add])
     result = await adder.run(f"What is 40 + 2? ({run.seed})")
     return float(result.output == "The answer is 42")
+
+
+def assert_served_exact(episodes, recorder) -> None:
+    """Every sampled span of every row is what the server answered for exactly that row's context (``Recorder``),
+    env tokens carry logprob 0, and every server answer is one trained turn."""
+    answered, sent = recorder.answered()
+    checked = 0
+    for r in episodes:
+        for row in r.rows:
+            assert len(row.completion_ids) == len(row.logprobs) == len(row.env_mask)
+            for start, end in model_spans(row):
+                context = tuple(row.prompt_ids + row.completion_ids[:start])
+                sampled = (row.completion_ids[start:end], row.logprobs[start:end])
+                assert any((ids, lps) == sampled for ids, lps, _ in answered[context]), (r.seed, start)
+                checked += 1
+            env = [i for i, m in enumerate(row.env_mask) if not m]
+            assert all(row.logprobs[i] == 0.0 for i in env)
+    assert checked == sum(len(r.turns) for r in episodes) == len(sent)

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from agents_support import framework, langchain_program, model_spans, pydantic_ai_program
+from agents_support import assert_served_exact, framework, langchain_program, pydantic_ai_program
 from async_support import Recorder
 
 from trl_env import VLLMServerGenerator, env_reward, make_rollout_func
@@ -87,17 +87,5 @@ def test_two_real_grpo_steps_of_a_dialect_agent_every_row_token_exact_against_vl
     assert sum("loss" in h for h in trainer.state.log_history) == 2
     episodes = [r for batch in seen for r in batch]
     assert len(episodes) == 8 and all(r.ending.value != "error" for r in episodes), [r.error for r in episodes]
-    answered, sent = recorder.answered()
-    checked = 0
-    for r in episodes:
-        for row in r.rows:
-            assert len(row.completion_ids) == len(row.logprobs) == len(row.env_mask)
-            for start, end in model_spans(row):
-                context = tuple(row.prompt_ids + row.completion_ids[:start])
-                sampled = (row.completion_ids[start:end], row.logprobs[start:end])
-                assert any((ids, lps) == sampled for ids, lps, _ in answered[context]), (r.seed, start)
-                checked += 1
-            env = [i for i, m in enumerate(row.env_mask) if not m]
-            assert all(row.logprobs[i] == 0.0 for i in env)
-    assert checked == sum(len(r.turns) for r in episodes) == len(sent)  # every server answer is one trained turn
+    assert_served_exact(episodes, recorder)  # every server answer is one trained turn, token-exact
     assert all(r.info["env"]["agent_calls"] >= 1 for r in episodes)

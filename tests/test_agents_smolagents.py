@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("smolagents", reason="smolagents is not installed: pip install 'trl-env[test]'")
 
-from agents_support import model_spans  # noqa: E402
+from agents_support import assert_served_exact  # noqa: E402
 from async_support import Recorder  # noqa: E402
 from vllm_server import make_vllm_server_fixture  # noqa: E402
 
@@ -76,17 +76,5 @@ def test_two_real_grpo_steps_of_a_smolagents_agent_every_row_token_exact_against
     assert sum("loss" in h for h in trainer.state.log_history) == 2
     episodes = [r for batch in seen for r in batch]
     assert len(episodes) == 8 and all(r.ending.value != "error" for r in episodes), [r.error for r in episodes]
-    answered, sent = recorder.answered()
-    checked = 0
-    for r in episodes:
-        for row in r.rows:
-            assert len(row.completion_ids) == len(row.logprobs) == len(row.env_mask)
-            for start, end in model_spans(row):
-                context = tuple(row.prompt_ids + row.completion_ids[:start])
-                sampled = (row.completion_ids[start:end], row.logprobs[start:end])
-                assert any((ids, lps) == sampled for ids, lps, _ in answered[context]), (r.seed, start)
-                checked += 1
-            env = [i for i, m in enumerate(row.env_mask) if not m]
-            assert all(row.logprobs[i] == 0.0 for i in env)
-    assert checked == sum(len(r.turns) for r in episodes) == len(sent)  # every server answer is one trained turn
+    assert_served_exact(episodes, recorder)  # every server answer is one trained turn, token-exact
     assert all(r.info["env"]["agent_calls"] == agent_smolagents.MAX_STEPS + 1 for r in episodes)  # steps + final

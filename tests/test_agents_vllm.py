@@ -18,7 +18,7 @@ from trl_env.train.episode_trainer import EpisodeGRPOTrainer
 sys.path.insert(0, str(Path(__file__).parent.parent / "experiment" / "examples"))
 
 from agent_tools import agent  # noqa: E402  # the example's agent: openai SDK, a multiply tool
-from agents_support import model_spans
+from agents_support import assert_served_exact
 
 
 def test_two_real_grpo_steps_of_an_openai_sdk_agent_every_row_token_exact_against_vllm(vllm_server, tmp_path):
@@ -47,17 +47,5 @@ def test_two_real_grpo_steps_of_an_openai_sdk_agent_every_row_token_exact_agains
     assert sum("loss" in h for h in trainer.state.log_history) == 2
     episodes = [r for batch in seen for r in batch]
     assert len(episodes) == 8 and all(r.ending.value != "error" for r in episodes), [r.error for r in episodes]
-    answered, sent = recorder.answered()
-    checked = 0
-    for r in episodes:
-        for row in r.rows:
-            assert len(row.completion_ids) == len(row.logprobs) == len(row.env_mask)
-            for start, end in model_spans(row):
-                context = tuple(row.prompt_ids + row.completion_ids[:start])
-                sampled = (row.completion_ids[start:end], row.logprobs[start:end])
-                assert any((ids, lps) == sampled for ids, lps, _ in answered[context]), (r.seed, start)
-                checked += 1
-            env = [i for i, m in enumerate(row.env_mask) if not m]
-            assert all(row.logprobs[i] == 0.0 for i in env)
-    assert checked == sum(len(r.turns) for r in episodes) == len(sent)  # every server answer is one trained turn
+    assert_served_exact(episodes, recorder)  # every server answer is one trained turn, token-exact
     assert all(r.info["env"]["agent_calls"] >= 1 for r in episodes)
